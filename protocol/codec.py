@@ -1,0 +1,275 @@
+"""Encode and decode every frame: events, control requests and replies.
+
+Frames are UTF-8 JSON objects. A control message is a ZeroMQ multipart
+message: one JSON header frame, and for a `since` reply one more frame per
+event, each exactly as the sidecar journaled and published it. Keeping events
+as their own frames means a reply never re-encodes them and every event passes
+through the same limits as on the live stream.
+
+Non-finite floats (a NaN loss is exactly what we report) are not JSON; they
+travel as the strings "nan", "inf" and "-inf".
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Dict, List, Mapping, Sequence
+
+from .control import (
+    ErrorReply,
+    Hello,
+    HelloReply,
+    Reply,
+    Request,
+    Since,
+    SinceReply,
+)
+from .envelope import PROTOCOL_VERSION, SEVERITIES, Event
+from .errors import ProtocolError
+
+MAX_FRAME_BYTES = 256 * 1024
+MAX_DEPTH = 16
+MAX_KEYS = 1000
+# A single event stays well under the frame cap so a since page can hold many.
+MAX_EVENT_BYTES = 64 * 1024
+# A since reply packs events up to about this many bytes.
+PAGE_BYTES = 192 * 1024
+MAX_SINCE_LIMIT = 10_000
+
+_NONFINITE = {math.inf: "inf", -math.inf: "-inf"}
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """Make value JSON-safe: tuples to lists, non-finite floats to strings."""
+    if depth > MAX_DEPTH:
+        raise ProtocolError(f"nesting deeper than {MAX_DEPTH}")
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return _NONFINITE.get(value, value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, depth + 1) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    raise ProtocolError(f"cannot encode a {type(value).__name__}")
+
+
+def encode_json(obj: Mapping[str, Any], max_bytes: int = MAX_FRAME_BYTES) -> bytes:
+    """One frame from a mapping; ProtocolError when it breaks a limit."""
+    plain = _plain(obj)
+    _check_shape(plain)
+    frame = json.dumps(
+        plain, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+    if len(frame) > max_bytes:
+        raise ProtocolError(f"frame of {len(frame)} bytes is over the {max_bytes} byte cap",
+                            code="too_large")
+    return frame
+
+
+def _reject_constant(name: str) -> Any:
+    raise ProtocolError(f"{name} is not JSON")
+
+
+def decode_json(frame: bytes) -> Dict[str, Any]:
+    """A frame to a dict, enforcing size, depth and key limits."""
+    if not isinstance(frame, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"a frame is bytes, not {type(frame).__name__}")
+    if len(frame) > MAX_FRAME_BYTES:
+        raise ProtocolError(
+            f"frame of {len(frame)} bytes is over the {MAX_FRAME_BYTES} byte cap", code="too_large"
+        )
+    try:
+        text = bytes(frame).decode("utf-8")
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except ProtocolError:
+        raise
+    except (ValueError, RecursionError) as e:
+        raise ProtocolError(f"not a JSON frame: {str(e)[:120]}") from e
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"a frame is a JSON object, not {type(obj).__name__}")
+    _check_shape(obj)
+    return obj
+
+
+def _check_shape(obj: Any) -> None:
+    keys = 0
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ProtocolError(f"nesting deeper than {MAX_DEPTH}")
+        if isinstance(node, dict):
+            keys += len(node)
+            if keys > MAX_KEYS:
+                raise ProtocolError(f"more than {MAX_KEYS} keys")
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+
+
+def _check_version(obj: Mapping[str, Any]) -> None:
+    v = obj.get("v")
+    if v is None:
+        raise ProtocolError("missing field 'v' (protocol version)")
+    if not _is_int(v):
+        raise ProtocolError(f"field 'v' must be an integer, got {v!r}")
+    if v != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"protocol version {v} is not supported: this side speaks version {PROTOCOL_VERSION}",
+            code="version",
+        )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _field(obj: Mapping[str, Any], name: str, kind: type, what: str = "") -> Any:
+    if name not in obj:
+        raise ProtocolError(f"missing field {name!r}{what}")
+    value = obj[name]
+    ok = _is_int(value) if kind is int else isinstance(value, kind)
+    if kind is float:
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              and math.isfinite(value))
+    if not ok:
+        raise ProtocolError(f"field {name!r}{what} has the wrong type: {value!r:.60}")
+    return value
+
+
+# ---- events ---------------------------------------------------------------
+
+
+def encode_event(event: Event) -> bytes:
+    if event.sev not in SEVERITIES:
+        raise ProtocolError(f"unknown severity {event.sev!r}")
+    return encode_json(event.to_dict(), max_bytes=MAX_EVENT_BYTES)
+
+
+def event_from_dict(obj: Mapping[str, Any]) -> Event:
+    _check_version(obj)
+    seq = _field(obj, "seq", int)
+    if seq < 1:
+        raise ProtocolError(f"seq must be positive, got {seq}")
+    sev = _field(obj, "sev", str)
+    if sev not in SEVERITIES:
+        raise ProtocolError(f"unknown severity {sev!r}")
+    kind = _field(obj, "kind", str)
+    if not kind:
+        raise ProtocolError("empty kind")
+    return Event(
+        run=_field(obj, "run", str),
+        host=_field(obj, "host", str),
+        seq=seq,
+        ts=float(_field(obj, "ts", float)),
+        kind=kind,
+        sev=sev,
+        data=_field(obj, "data", dict),
+    )
+
+
+def decode_event(frame: bytes) -> Event:
+    return event_from_dict(decode_json(frame))
+
+
+# ---- control --------------------------------------------------------------
+
+
+def encode_request(req: Request) -> List[bytes]:
+    body: Dict[str, Any] = {"v": PROTOCOL_VERSION, "id": req.id}
+    if isinstance(req, Hello):
+        body.update(op="hello", client=req.client)
+    elif isinstance(req, Since):
+        body.update(op="since", seq=req.seq, limit=req.limit)
+    else:  # pragma: no cover - a new Request type without a table entry
+        raise ProtocolError(f"no encoding for {type(req).__name__}")
+    return [encode_json(body)]
+
+
+def decode_request(frames: Sequence[bytes]) -> Request:
+    """A request; ProtocolError(code=...) says what to answer instead."""
+    if len(frames) != 1:
+        raise ProtocolError(f"a request is one frame, got {len(frames)}")
+    obj = decode_json(frames[0])
+    _check_version(obj)
+    req_id = _field(obj, "id", str)
+    op = _field(obj, "op", str)
+    if op == "hello":
+        client = obj.get("client", "")
+        return Hello(id=req_id, client=client if isinstance(client, str) else "")
+    if op == "since":
+        seq = _field(obj, "seq", int)
+        limit = obj.get("limit", 1000)
+        if seq < 0 or not _is_int(limit) or not 1 <= limit <= MAX_SINCE_LIMIT:
+            raise ProtocolError(f"since needs seq >= 0 and 1 <= limit <= {MAX_SINCE_LIMIT}")
+        return Since(id=req_id, seq=seq, limit=limit)
+    raise ProtocolError(f"unknown op {op!r}", code="unknown_op")
+
+
+def request_id_of(frames: Sequence[bytes]) -> str:
+    """Best-effort id of a request that failed to decode, for the error reply."""
+    try:
+        obj = decode_json(frames[0]) if frames else {}
+    except ProtocolError:
+        return ""
+    rid = obj.get("id")
+    return rid if isinstance(rid, str) else ""
+
+
+def encode_reply(reply: Reply, event_frames: Sequence[bytes] = ()) -> List[bytes]:
+    body: Dict[str, Any] = {"v": PROTOCOL_VERSION, "id": reply.id}
+    if isinstance(reply, HelloReply):
+        body.update(
+            op="hello", protocol_version=reply.protocol_version,
+            package_version=reply.package_version, boot_id=reply.boot_id, host=reply.host,
+            run=reply.run, run_meta=dict(reply.run_meta), last_seq=reply.last_seq,
+            oldest_seq=reply.oldest_seq,
+        )
+        return [encode_json(body)]
+    if isinstance(reply, SinceReply):
+        body.update(op="since", count=len(event_frames), more=reply.more,
+                    last_seq=reply.last_seq, oldest_seq=reply.oldest_seq)
+        return [encode_json(body), *event_frames]
+    if isinstance(reply, ErrorReply):
+        body.update(op="error", code=reply.code, message=reply.message[:2000])
+        return [encode_json(body)]
+    raise ProtocolError(f"no encoding for {type(reply).__name__}")  # pragma: no cover
+
+
+def decode_reply(frames: Sequence[bytes]) -> Reply:
+    if not frames:
+        raise ProtocolError("empty reply")
+    obj = decode_json(frames[0])
+    _check_version(obj)
+    rid = _field(obj, "id", str)
+    op = _field(obj, "op", str)
+    if op == "error":
+        return ErrorReply(id=rid, code=_field(obj, "code", str), message=_field(obj, "message", str))
+    if op == "hello":
+        meta = obj.get("run_meta", {})
+        return HelloReply(
+            id=rid,
+            protocol_version=_field(obj, "protocol_version", int),
+            package_version=_field(obj, "package_version", str),
+            boot_id=_field(obj, "boot_id", str),
+            host=_field(obj, "host", str),
+            run=_field(obj, "run", str),
+            run_meta=meta if isinstance(meta, dict) else {},
+            last_seq=_field(obj, "last_seq", int),
+            oldest_seq=_field(obj, "oldest_seq", int),
+        )
+    if op == "since":
+        count = _field(obj, "count", int)
+        if count != len(frames) - 1:
+            raise ProtocolError(f"since reply says {count} events but carries {len(frames) - 1}")
+        return SinceReply(
+            id=rid,
+            events=tuple(decode_event(f) for f in frames[1:]),
+            more=bool(obj.get("more", False)),
+            last_seq=_field(obj, "last_seq", int),
+            oldest_seq=_field(obj, "oldest_seq", int),
+        )
+    raise ProtocolError(f"unknown reply op {op!r}")
