@@ -99,7 +99,7 @@ def _check_shape(obj: Any) -> None:
     stack = [(obj, 1)]
     while stack:
         node, depth = stack.pop()
-        if depth > MAX_DEPTH:
+        if isinstance(node, (dict, list)) and depth > MAX_DEPTH:
             raise ProtocolError(f"nesting deeper than {MAX_DEPTH}")
         if isinstance(node, dict):
             keys += len(node)

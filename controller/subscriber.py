@@ -1,0 +1,249 @@
+"""Keep the store equal to a sidecar's journal: live events plus gap repair.
+
+The ZeroMQ "clone" pattern: live events arrive on SUB; whenever the next
+expected seq is not the one that arrives (a reconnect, a slow-joiner loss, a
+restarted sidecar), the subscriber asks `since(cursor)` on the control socket
+and pages through the journal until it is caught up. The store is idempotent
+on (run, seq) and the cursor moves in the same transaction as the events, so
+a subscriber killed at any point resumes exactly where the store says.
+
+A transport failure proves only that the transport is down; nothing here
+concludes anything about the job from it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from typing import Callable, List, Optional, Sequence
+
+from protocol import (
+    PACKAGE_VERSION,
+    PROTOCOL_VERSION,
+    ErrorReply,
+    Event,
+    Hello,
+    HelloReply,
+    ProtocolError,
+    Since,
+    SinceReply,
+    decode_event,
+    decode_reply,
+    encode_request,
+)
+from protocol.endpoints import Endpoints
+
+from .store import Store
+from .transport import CurveClient, Link
+
+log = logging.getLogger(__name__)
+
+EventsHook = Callable[[Sequence[Event]], None]
+
+
+class SubscriberError(Exception):
+    """The sidecar cannot be followed (e.g. it speaks another protocol version)."""
+
+
+@dataclasses.dataclass
+class _Pending:
+    id: str
+    op: str
+    deadline: float
+
+
+@dataclasses.dataclass
+class SubscriberStats:
+    live_applied: int = 0
+    replayed: int = 0
+    since_requests: int = 0
+    bad_frames: int = 0
+    resends: int = 0
+    gaps: int = 0
+
+
+class Subscriber:
+    def __init__(self, store: Store, endpoints: Endpoints, *, curve: Optional[CurveClient] = None,
+                 request_timeout_s: float = 2.0, resync_s: float = 5.0, page: int = 1000,
+                 on_events: Optional[EventsHook] = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.link = Link(endpoints, curve)
+        self.request_timeout_s = request_timeout_s
+        self.resync_s = resync_s
+        self.page = page
+        self.on_events = on_events
+        self._mono = monotonic
+        self.run: Optional[str] = None
+        self.cursor = 0
+        self.boot_id = ""
+        self.remote_last_seq = 0
+        self.caught_up = False
+        self.stats = SubscriberStats()
+        self._pending: Optional[_Pending] = None
+        self._last_activity = 0.0
+
+    # ---- loop -------------------------------------------------------------
+
+    def run_until(self, stop: threading.Event, until: Optional[Callable[[], bool]] = None) -> None:
+        """Follow the sidecar until `stop` is set or `until()` is true."""
+        self.link.open()
+        try:
+            self._request("hello")
+            while not stop.is_set():
+                live, replies = self.link.poll(self._poll_ms())
+                for frames in replies:
+                    self._on_reply(frames)
+                if live:
+                    self._on_live(live)
+                self._timers()
+                if until is not None and until():
+                    return
+        finally:
+            self.link.close()
+
+    def _poll_ms(self) -> int:
+        now = self._mono()
+        wake = self._last_activity + self.resync_s
+        if self._pending is not None:
+            wake = min(wake, self._pending.deadline)
+        return max(1, min(200, int((wake - now) * 1000)))
+
+    def _timers(self) -> None:
+        now = self._mono()
+        if self._pending is not None:
+            if now >= self._pending.deadline:
+                self.stats.resends += 1
+                self._request(self._pending.op)
+        elif now - self._last_activity >= self.resync_s:
+            # A quiet link may have lost the tail; a probe costs one round trip.
+            self._request("hello" if self.run is None else "since")
+
+    # ---- requests ---------------------------------------------------------
+
+    def _request(self, op: str) -> None:
+        rid = uuid.uuid4().hex[:12]
+        if op == "hello" or self.run is None:
+            op, frames = "hello", encode_request(Hello(id=rid, client=f"rgt {PACKAGE_VERSION}"))
+        else:
+            self.stats.since_requests += 1
+            frames = encode_request(Since(id=rid, seq=self.cursor, limit=self.page))
+        now = self._mono()
+        self._last_activity = now
+        # Not queued (no connection yet, or the link is down): retry soon, not at
+        # the full timeout; connects are asynchronous and usually finish in ms.
+        sent = self.link.send(frames)
+        wait = self.request_timeout_s if sent else min(self.request_timeout_s, 0.05)
+        self._pending = _Pending(rid, op, now + wait)
+
+    def _on_reply(self, frames: List[bytes]) -> None:
+        try:
+            reply = decode_reply(frames)
+        except ProtocolError as e:
+            self.stats.bad_frames += 1
+            log.warning("undecodable control reply: %s", e)
+            return
+        if self._pending is None or reply.id != self._pending.id:
+            if isinstance(reply, ErrorReply) and reply.code == "version":
+                raise SubscriberError(f"the sidecar refused us: {reply.message}")
+            return  # an answer to a request we already gave up on
+        self._pending = None
+        self._last_activity = self._mono()
+        if isinstance(reply, HelloReply):
+            self._on_hello(reply)
+        elif isinstance(reply, SinceReply):
+            self._on_since(reply)
+        else:
+            if reply.code == "version":
+                raise SubscriberError(f"the sidecar refused us: {reply.message}")
+            log.warning("sidecar error reply %s: %s", reply.code, reply.message)
+
+    def _on_hello(self, reply: HelloReply) -> None:
+        if reply.protocol_version != PROTOCOL_VERSION:
+            raise SubscriberError(
+                f"the sidecar speaks protocol v{reply.protocol_version}, this rgt speaks "
+                f"v{PROTOCOL_VERSION}: install the same version on both sides (sidecar "
+                f"{reply.package_version}, rgt {PACKAGE_VERSION})")
+        if reply.package_version != PACKAGE_VERSION:
+            log.warning("sidecar package %s differs from rgt %s", reply.package_version, PACKAGE_VERSION)
+        self.run, self.boot_id = reply.run, reply.boot_id
+        self.store.upsert_run(reply.run, host=reply.host, boot_id=reply.boot_id,
+                              protocol_version=reply.protocol_version,
+                              package_version=reply.package_version, meta=dict(reply.run_meta),
+                              endpoint=self.link.endpoints.ctl)
+        self.cursor = self.store.cursor(reply.run)
+        self.remote_last_seq = reply.last_seq
+        if self.cursor > reply.last_seq:
+            log.warning("store holds seq %d but the sidecar's journal ends at %d (journal replaced?)",
+                        self.cursor, reply.last_seq)
+        self._request("since")
+
+    def _on_since(self, reply: SinceReply) -> None:
+        self.remote_last_seq = max(self.remote_last_seq, reply.last_seq)
+        fresh = [ev for ev in reply.events if ev.seq > self.cursor and ev.run == self.run]
+        expected = self.cursor + 1
+        for ev in fresh:
+            if ev.seq > expected:
+                self._gap(expected, ev.seq - 1, "not in the sidecar's journal")
+            expected = ev.seq + 1
+        if not fresh and not reply.more and reply.last_seq > self.cursor:
+            self._gap(self.cursor + 1, reply.last_seq, "not in the sidecar's journal")
+            self._apply([], reply.last_seq)
+        self.stats.replayed += len(fresh)
+        if fresh:
+            self._apply(fresh, fresh[-1].seq)
+        if reply.more:
+            self._request("since")
+        else:
+            self.caught_up = self.cursor >= reply.last_seq
+
+    def _on_live(self, frames: List[bytes]) -> None:
+        if self.run is None:
+            return  # the hello reply sets the cursor; `since` then fetches these
+        batch: List[Event] = []
+        expected = self.cursor + 1
+        gap = False
+        for frame in frames:
+            try:
+                ev = decode_event(frame)
+            except ProtocolError as e:
+                self.stats.bad_frames += 1
+                log.warning("undecodable event frame: %s", e)
+                gap = True
+                continue
+            if ev.run != self.run or ev.seq < expected:
+                continue
+            if ev.seq > expected or gap:
+                gap = True
+                continue
+            batch.append(ev)
+            expected += 1
+        self.remote_last_seq = max(self.remote_last_seq, expected - 1)
+        if batch:
+            self.stats.live_applied += len(batch)
+            self._apply(batch, batch[-1].seq)
+        if gap:
+            self.caught_up = False
+            if self._pending is None:
+                self._request("since")
+        elif self._pending is None:
+            self.caught_up = True
+            self._last_activity = self._mono()
+
+    def _apply(self, events: Sequence[Event], cursor: int) -> None:
+        assert self.run is not None
+        self.store.apply(self.run, events, cursor)
+        self.cursor = cursor
+        for ev in events:
+            if ev.kind == "sidecar.started" and ev.data.get("boot_id"):
+                self.boot_id = str(ev.data["boot_id"])
+        if events and self.on_events is not None:
+            self.on_events(events)
+
+    def _gap(self, first: int, last: int, reason: str) -> None:
+        assert self.run is not None
+        self.stats.gaps += 1
+        log.warning("run %s: seqs %d..%d are missing (%s)", self.run, first, last, reason)
+        self.store.record_gap(self.run, first, last, reason)

@@ -1,0 +1,115 @@
+"""ZeroMQ for the controller: SUB for live events, DEALER for control requests.
+
+The only controller module that imports zmq. It moves frames; what they mean
+is the subscriber's business.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import List, Optional, Tuple
+
+import zmq
+
+from protocol import MAX_FRAME_BYTES
+from protocol.endpoints import Endpoints
+
+log = logging.getLogger(__name__)
+
+_DRAIN_MAX = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class CurveClient:
+    """Keys for the opt-in TCP transport: the server's public key and ours."""
+
+    server_public: bytes
+    public: bytes
+    secret: bytes
+
+    @classmethod
+    def from_files(cls, server_public: str, client_secret_file: str) -> "CurveClient":
+        import zmq.auth
+
+        public, secret = zmq.auth.load_certificate(client_secret_file)
+        if secret is None:
+            raise ValueError(f"{client_secret_file} holds no secret key")
+        return cls(server_public=server_public.encode(), public=public, secret=secret)
+
+
+class Link:
+    """One connection to one sidecar: a SUB and a DEALER, polled together."""
+
+    def __init__(self, endpoints: Endpoints, curve: Optional[CurveClient] = None) -> None:
+        self.endpoints = endpoints
+        self._curve = curve
+        self._ctx: Optional[zmq.Context[zmq.Socket[bytes]]] = None
+        self._sub: Optional[zmq.Socket[bytes]] = None
+        self._dealer: Optional[zmq.Socket[bytes]] = None
+        self._poller = zmq.Poller()
+
+    def open(self) -> None:
+        self._ctx = zmq.Context()
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 1024)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        dealer = self._ctx.socket(zmq.DEALER)
+        # Queue nothing for a peer that is not connected: a request sent into a
+        # dead link is refused at once and retried, never delivered stale.
+        dealer.setsockopt(zmq.IMMEDIATE, 1)
+        dealer.setsockopt(zmq.SNDHWM, 16)
+        for sock in (sub, dealer):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RECONNECT_IVL, 100)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            # ZMTP heartbeats notice a frozen peer behind a live tunnel.
+            sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+            if self._curve is not None:
+                sock.curve_serverkey = self._curve.server_public
+                sock.curve_publickey = self._curve.public
+                sock.curve_secretkey = self._curve.secret
+        sub.connect(self.endpoints.pub)
+        dealer.connect(self.endpoints.ctl)
+        self._poller.register(sub, zmq.POLLIN)
+        self._poller.register(dealer, zmq.POLLIN)
+        self._sub, self._dealer = sub, dealer
+
+    def send(self, frames: List[bytes]) -> bool:
+        """Queue one request; False when no connection can take it now."""
+        assert self._dealer is not None
+        try:
+            self._dealer.send_multipart(frames, zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    def poll(self, timeout_ms: int) -> Tuple[List[bytes], List[List[bytes]]]:
+        """Wait up to timeout_ms; return (live event frames, control replies)."""
+        assert self._sub is not None and self._dealer is not None
+        ready = dict(self._poller.poll(timeout_ms))
+        live: List[bytes] = []
+        replies: List[List[bytes]] = []
+        if self._dealer in ready:
+            while True:
+                try:
+                    replies.append(self._dealer.recv_multipart(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+        if self._sub in ready:
+            while len(live) < _DRAIN_MAX:
+                try:
+                    live.append(self._sub.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+        return live, replies
+
+    def close(self) -> None:
+        for sock in (self._sub, self._dealer):
+            if sock is not None:
+                sock.close(linger=0)
+        if self._ctx is not None:
+            self._ctx.term()
+        self._sub = self._dealer = None
+        self._ctx = None

@@ -1,0 +1,125 @@
+"""`rgt-onbox`: the sidecar's command line.
+
+Commands are thin: parse, call one function, render, map errors to exit codes
+(0 ok, 1 runtime error, 2 usage error). Logging is configured here and only here.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+from protocol import PACKAGE_VERSION
+
+from .errors import OnboxError
+from .journal import JournalError
+
+log = logging.getLogger("onbox")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s rgt-onbox %(levelname)s %(name)s: %(message)s")
+
+
+def _fail(message: str, hint: str = "", code: int = 1) -> click.exceptions.Exit:
+    click.echo(f"error: {message}", err=True)
+    if hint:
+        click.echo(f"hint: {hint}", err=True)
+    return click.exceptions.Exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(PACKAGE_VERSION, prog_name="rgt-onbox")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """The remote-gpu-trainer sidecar: watches one training run on this box."""
+    ctx.obj = {"debug": debug}
+
+
+@main.command()
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The run directory (<root>/<project>/active/<run-id>).")
+@click.option("--run-id", default="", help="Run id (default: run.json's id, else the directory name).")
+@click.option("--host", default="", help="Host name carried in events (default: this machine's).")
+@click.option("--pid", "job_pid", type=int, default=None, help="The training job's pid to watch.")
+@click.option("--heartbeat", "heartbeat_s", type=click.FloatRange(min=0.05), default=30.0,
+              show_default=True, help="Seconds between heartbeat events.")
+@click.option("--tcp", default=None, metavar="127.0.0.1:PORT",
+              help="Opt-in TCP instead of unix sockets: control on PORT, events on PORT+1. "
+                   "Needs --curve-dir.")
+@click.option("--curve-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="CURVE keys for --tcp: server keypair, and allowed client certificates in authorized/.")
+@click.option("--synthetic", "synthetic_count", type=click.IntRange(min=0), default=0, hidden=True,
+              help="Tests/benchmarks: emit synthetic events until the journal's seq reaches N.")
+@click.option("--synthetic-rate", "synthetic_rate", type=click.FloatRange(min=0), default=0.0, hidden=True)
+@click.option("--journal-rotate-bytes", type=click.IntRange(min=4096), default=16 << 20, hidden=True)
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+@click.pass_context
+def serve(ctx: click.Context, run_dir: Path, run_id: str, host: str, job_pid: Optional[int],
+          heartbeat_s: float, tcp: Optional[str], curve_dir: Optional[Path], synthetic_count: int,
+          synthetic_rate: float, journal_rotate_bytes: int, log_level: str) -> None:
+    """Journal and publish this run's events until SIGTERM/SIGINT.
+
+    Events go to <run-dir>/rgt/events.jsonl and out over unix sockets in a 0700
+    directory; <run-dir>/rgt/endpoints.json says where.
+    """
+    _setup_logging("debug" if ctx.obj["debug"] else log_level)
+    from .sidecar import Sidecar, SidecarConfig
+    from .transport import load_curve_server, parse_tcp
+
+    try:
+        tcp_bind = parse_tcp(tcp) if tcp else None
+        if tcp_bind and curve_dir is None:
+            raise _fail("--tcp needs --curve-dir: plain TCP is never offered",
+                        "or leave --tcp off and reach the sidecar through its unix sockets", 2)
+        curve = load_curve_server(curve_dir) if (tcp_bind and curve_dir) else None
+        sidecar = Sidecar(SidecarConfig(
+            run_dir=run_dir, run_id=run_id, host=host, heartbeat_s=heartbeat_s, tcp=tcp_bind,
+            curve=curve, job_pid=job_pid, synthetic_count=synthetic_count,
+            synthetic_rate_hz=synthetic_rate, journal_rotate_bytes=journal_rotate_bytes))
+    except OnboxError as e:
+        raise _fail(str(e), code=2) from None
+    _install_signals(sidecar.stop)
+    try:
+        sidecar.start()
+    except (OnboxError, JournalError) as e:
+        raise _fail(str(e)) from None
+    log.info("serving run %s (boot %s)", sidecar.run_id, sidecar.boot_id)
+    try:
+        sidecar.serve()
+    finally:
+        sidecar.close()
+
+
+def _install_signals(stop: Any) -> None:
+    """One place for signals: TERM/INT stop cleanly, HUP is ignored (SSH logout),
+    XFSZ is ignored so RLIMIT_FSIZE gives EFBIG (handled) instead of killing us."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def _on_stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        stop()
+
+    signal.signal(signal.SIGTERM, _on_stop)
+    signal.signal(signal.SIGINT, _on_stop)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def run() -> None:  # pragma: no cover - console entry
+    try:
+        main(standalone_mode=True)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,268 @@
+"""The sidecar of one run: journal -> publisher, control requests, periodic jobs.
+
+Every event goes through `emit`: it is journaled first, then published, under
+one lock, so the live stream is in seq order and never carries an event the
+journal does not hold (or, with a full disk, does not hold in its ring).
+"""
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from protocol import (
+    PACKAGE_VERSION,
+    PROTOCOL_VERSION,
+    ErrorReply,
+    Event,
+    Hello,
+    HelloReply,
+    ProtocolError,
+    SinceReply,
+    decode_request,
+    encode_reply,
+)
+from protocol.codec import PAGE_BYTES, request_id_of
+
+from .errors import AlreadyServing, ConfigError
+from .jobs import FunctionJob, PeriodicJob, Scheduler
+from .journal import Journal
+from .sources import process
+from .transport import CurveServer, EventServer, socket_dir_for
+
+log = logging.getLogger(__name__)
+
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclasses.dataclass
+class SidecarConfig:
+    run_dir: Path
+    run_id: str = ""                  # default: run.json's id, else the dir name
+    host: str = ""                    # default: run.json's host, else this machine's name
+    heartbeat_s: float = 30.0
+    tcp: Optional[Tuple[str, int]] = None
+    curve: Optional[CurveServer] = None
+    job_pid: Optional[int] = None
+    job_poll_s: float = 1.0
+    synthetic_count: int = 0          # tests and benchmarks: emit until last_seq reaches it
+    synthetic_rate_hz: float = 0.0    # 0 = as fast as possible
+    journal_rotate_bytes: int = 16 << 20
+    journal_ring_max: int = 10_000
+
+
+def _run_meta(run_dir: Path) -> Dict[str, Any]:
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+        return meta if isinstance(meta, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _checked_id(value: str, what: str) -> str:
+    if not _SAFE_ID.match(value):
+        raise ConfigError(f"{what} {value!r} must be 1-128 of A-Z a-z 0-9 . _ - (starting alphanumeric)")
+    return value
+
+
+class Sidecar:
+    def __init__(self, config: SidecarConfig) -> None:
+        self.config = config
+        self.run_dir = Path(config.run_dir).resolve()
+        self.rgt_dir = self.run_dir / "rgt"
+        meta = _run_meta(self.run_dir)
+        self.meta: Dict[str, Any] = {k: meta[k] for k in ("id", "project", "profile", "started_at", "git_sha") if k in meta}
+        self.run_id = _checked_id(config.run_id or str(meta.get("id") or self.run_dir.name), "run id")
+        host = config.host or str(meta.get("host") or os.uname().nodename.split(".")[0])
+        self.host = _checked_id(host, "host name")
+        self.boot_id = uuid.uuid4().hex
+        self.started_mono = time.monotonic()
+        self.journal = Journal(self.rgt_dir, self.run_id, self.host,
+                               rotate_bytes=config.journal_rotate_bytes,
+                               ring_max=config.journal_ring_max)
+        sock_dir = None if config.tcp else socket_dir_for(self.rgt_dir)
+        self.server = EventServer(sock_dir=sock_dir, tcp=config.tcp, curve=config.curve)
+        self._emit_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._lock_fd = -1
+        self._threads: List[threading.Thread] = []
+        self._scheduler: Optional[Scheduler] = None
+        self.counters = {"requests": 0, "refused": 0, "too_large": 0}
+        self._job_exit_reported = False
+
+    # ---- life -------------------------------------------------------------
+
+    def start(self) -> None:
+        self.rgt_dir.mkdir(parents=True, exist_ok=True)
+        self._take_lock()
+        self.journal.open()
+        endpoints = self.server.bind()
+        endpoints.write(self.rgt_dir)
+        (self.rgt_dir / "sidecar.pid").write_text(f"{os.getpid()}\n")
+        self.emit("sidecar.started", {
+            "boot_id": self.boot_id, "pid": os.getpid(), "package_version": PACKAGE_VERSION,
+            "protocol_version": PROTOCOL_VERSION, "transport": "tcp" if self.config.tcp else "ipc",
+        })
+        self._scheduler = Scheduler(self._jobs(), self._job_failed)
+        self._scheduler.start()
+        if self.config.synthetic_count:
+            self._spawn("rgt-synthetic", self._synthetic)
+
+    def _take_lock(self) -> None:
+        path = self.rgt_dir / "sidecar.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise AlreadyServing(
+                f"another sidecar (pid {holder or '?'}) already serves {self.run_dir}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _spawn(self, name: str, target: Any) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def serve(self) -> None:
+        """Answer control requests on this thread until stop()."""
+        self.server.serve(self.handle, self._stop)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._scheduler is not None:
+            self._scheduler.stop()
+        for t in self._threads:
+            t.join(5.0)
+        try:
+            self.emit("sidecar.stopping", {"boot_id": self.boot_id})
+        finally:
+            self.journal.close()
+            self.server.close()
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+
+    # ---- events -----------------------------------------------------------
+
+    def emit(self, kind: str, data: Optional[Mapping[str, Any]] = None,
+             sev: Optional[str] = None) -> Event:
+        """Journal, then publish. Thread-safe; returns the journaled event."""
+        with self._emit_lock:
+            published = self.journal.append(kind, data, sev)
+            for _, frame in published:
+                self.server.publish(frame)
+        return next(ev for ev, _ in published if ev.kind == kind)
+
+    def _publish_all(self, published: List[Tuple[Event, bytes]]) -> None:
+        for _, frame in published:
+            self.server.publish(frame)
+
+    # ---- control ----------------------------------------------------------
+
+    def handle(self, frames: List[bytes]) -> List[bytes]:
+        """One request to its reply frames; never raises."""
+        self.counters["requests"] += 1
+        try:
+            req = decode_request(frames)
+            if isinstance(req, Hello):
+                return encode_reply(HelloReply(
+                    id=req.id, protocol_version=PROTOCOL_VERSION, package_version=PACKAGE_VERSION,
+                    boot_id=self.boot_id, host=self.host, run=self.run_id,
+                    run_meta=self.meta, last_seq=self.journal.last_seq,
+                    oldest_seq=self.journal.oldest_seq,
+                ))
+            with self._emit_lock:  # a consistent (events, last_seq) pair
+                events, more = self.journal.read_since(req.seq, req.limit, PAGE_BYTES)
+                last, oldest = self.journal.last_seq, self.journal.oldest_seq
+            return encode_reply(SinceReply(id=req.id, events=(), more=more, last_seq=last,
+                                           oldest_seq=oldest), events)
+        except ProtocolError as e:
+            self.counters["refused"] += 1
+            if e.code == "too_large":
+                self.counters["too_large"] += 1
+            log.info("refused a control request: %s", e)
+            return encode_reply(ErrorReply(id=request_id_of(frames) if e.code != "too_large" else "",
+                                           code=e.code, message=str(e)))
+        except Exception as e:  # a request boundary: answer, log, keep serving
+            log.exception("control request failed")
+            return encode_reply(ErrorReply(id="", code="internal", message=f"{type(e).__name__}: {e}"))
+
+    # ---- jobs -------------------------------------------------------------
+
+    def _jobs(self) -> List[PeriodicJob]:
+        jobs: List[PeriodicJob] = [
+            FunctionJob("heartbeat", self.config.heartbeat_s, self._heartbeat),
+            FunctionJob("journal", 1.0, self._journal_tick),
+        ]
+        if self.config.job_pid:
+            if not self._job_known():
+                self.emit("job.started", {"pid": self.config.job_pid})
+            jobs.append(FunctionJob("job", self.config.job_poll_s, self._watch_job))
+        return jobs
+
+    def _heartbeat(self) -> None:
+        data: Dict[str, Any] = {"boot_id": self.boot_id,
+                                "uptime_s": round(time.monotonic() - self.started_mono, 1)}
+        data.update(self.journal.stats())
+        data.update(self.counters)
+        data.update(process.own_usage())
+        self.emit("heartbeat", data)
+
+    def _journal_tick(self) -> None:
+        with self._emit_lock:
+            self._publish_all(self.journal.tick())
+
+    def _job_failed(self, name: str, error: Optional[BaseException]) -> None:
+        if error is None:
+            self.emit("sidecar.recovered", {"part": name})
+        else:
+            self.emit("sidecar.degraded", {"part": name, "error": f"{type(error).__name__}: {error}"[:500]})
+
+    def _job_known(self) -> bool:
+        """The job was announced by an earlier sidecar process of this run."""
+        marker = self.rgt_dir / "job.announced"
+        if marker.exists() and marker.read_text().strip() == str(self.config.job_pid):
+            return True
+        marker.write_text(f"{self.config.job_pid}\n")
+        return False
+
+    def _watch_job(self) -> None:
+        pid = self.config.job_pid
+        if self._job_exit_reported or pid is None or process.pid_alive(pid):
+            return
+        self._job_exit_reported = True
+        data: Dict[str, Any] = {"pid": pid, "code": None, "signal": None, "oom_killed": False}
+        try:
+            exit_record = json.loads((self.rgt_dir / "exit.json").read_text())
+            data.update({k: exit_record.get(k) for k in ("code", "signal", "oom_killed") if k in exit_record})
+        except (OSError, ValueError):
+            data["evidence"] = "process gone; no exit record from the launcher"
+        clean = data.get("code") == 0
+        self.emit("job.exited", data, "info" if clean else "warn")
+
+    def _synthetic(self) -> None:
+        rate = self.config.synthetic_rate_hz
+        period = 1.0 / rate if rate > 0 else 0.0
+        next_at = time.monotonic()
+        while not self._stop.is_set() and self.journal.last_seq < self.config.synthetic_count:
+            self.emit("synthetic.tick", {"boot_id": self.boot_id[:8], "at_seq": self.journal.last_seq})
+            if period:
+                next_at += period
+                delay = next_at - time.monotonic()
+                if delay > 0 and self._stop.wait(delay):
+                    return

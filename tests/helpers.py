@@ -1,0 +1,89 @@
+"""Small test helpers: deadline waits (never bare sleeps) and a sidecar process."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, List, Optional, TypeVar
+
+T = TypeVar("T")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate: Callable[[], T], timeout_s: float = 10.0, what: str = "condition",
+               interval_s: float = 0.02) -> T:
+    """Poll `predicate` until it returns something truthy; fail at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    pause = threading.Event()
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        pause.wait(interval_s)
+
+
+def onbox_cmd(*args: str) -> List[str]:
+    return [sys.executable, "-m", "onbox.cli", *args]
+
+
+def rgt_cmd(*args: str) -> List[str]:
+    return [sys.executable, "-m", "controller.cli", *args]
+
+
+class SidecarProcess:
+    """`rgt-onbox serve` in a child process, ended by pid when the test is done."""
+
+    def __init__(self, run_dir: Path, *extra: str, env: Optional[dict] = None,
+                 preexec: Optional[Callable[[], None]] = None) -> None:
+        self.run_dir = run_dir
+        self.args = onbox_cmd("serve", "--run-dir", str(run_dir), *extra)
+        self.env = {**os.environ, **(env or {})}
+        self.preexec = preexec
+        self.proc: Optional[subprocess.Popen] = None
+        self.log = run_dir.parent / f"{run_dir.name}.sidecar.log"
+
+    def start(self, wait: bool = True) -> "SidecarProcess":
+        old_pid = self._endpoint_pid()
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                         cwd=REPO, preexec_fn=self.preexec)
+        if wait:
+            wait_until(lambda: self._endpoint_pid() not in (None, old_pid)
+                       or self.proc.poll() is not None, 20, "the sidecar to bind")
+            assert self.proc.poll() is None, self.log.read_text()
+        return self
+
+    def _endpoint_pid(self) -> Optional[int]:
+        import json
+        try:
+            return int(json.loads((self.run_dir / "rgt" / "endpoints.json").read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise AssertionError("sidecar ignored SIGTERM")
