@@ -10,7 +10,6 @@ import logging
 from typing import List, Optional, Tuple
 
 import zmq
-
 from protocol import MAX_FRAME_BYTES
 from protocol.endpoints import Endpoints
 
@@ -28,7 +27,7 @@ class CurveClient:
     secret: bytes
 
     @classmethod
-    def from_files(cls, server_public: str, client_secret_file: str) -> "CurveClient":
+    def from_files(cls, server_public: str, client_secret_file: str) -> CurveClient:
         import zmq.auth
 
         public, secret = zmq.auth.load_certificate(client_secret_file)

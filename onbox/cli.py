@@ -98,6 +98,22 @@ def serve(ctx: click.Context, run_dir: Path, run_id: str, host: str, job_pid: Op
         sidecar.close()
 
 
+@main.command()
+@click.argument("source", default="-", metavar="[FILE|-]")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the Xids and a summary.")
+def xids(source: str, as_json: bool) -> None:
+    """Classify the Xid lines of a saved kernel log, or of stdin (paste `dmesg` output).
+
+    One record per Xid: code, PCI id, pid, class and what to do on a rented box.
+    Exit 2 if any Xid means the GPU or box can no longer be trusted.
+    """
+    from .xidreport import run_xids
+
+    code = run_xids(source, as_json, sys.stdin, sys.stdout, sys.stderr)
+    if code:
+        raise click.exceptions.Exit(code)
+
+
 def _install_signals(stop: Any) -> None:
     """One place for signals: TERM/INT stop cleanly, HUP is ignored (SSH logout),
     XFSZ is ignored so RLIMIT_FSIZE gives EFBIG (handled) instead of killing us."""

@@ -248,15 +248,22 @@ class Journal:
         try:
             written = self._write(self._fd, blob)
             if written != len(blob):
-                raise OSError(errno.ENOSPC, f"short write ({written} of {len(blob)} bytes)")
+                error = (f"short write ({written} of {len(blob)} bytes): "
+                         "the disk is full or a file-size limit was hit")
+                self._cut_back(before)
+                return error
         except OSError as e:
-            try:
-                os.ftruncate(self._fd, before)
-            except OSError as te:
-                log.error("journal: cannot cut a partial write back: %s", te)
+            self._cut_back(before)
             return f"{errno.errorcode.get(e.errno or 0, 'OSError')}: {e.strerror or e}"
         self._size += len(blob)
         return None
+
+    def _cut_back(self, size: int) -> None:
+        """Remove a partial write so the file never holds half a line."""
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError as e:
+            log.error("journal: cannot cut a partial write back: %s", e)
 
     def _after_write(self, sev: str) -> None:
         self._dirty = True

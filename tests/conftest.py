@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 
-def _grace_join(threads: "set[threading.Thread]", timeout_s: float) -> None:
+def _grace_join(threads: set[threading.Thread], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))

@@ -49,8 +49,9 @@ class SidecarProcess:
         self.proc: Optional[subprocess.Popen] = None
         self.log = run_dir.parent / f"{run_dir.name}.sidecar.log"
 
-    def start(self, wait: bool = True) -> "SidecarProcess":
+    def start(self, wait: bool = True) -> SidecarProcess:
         old_pid = self._endpoint_pid()
+        self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                          cwd=REPO, preexec_fn=self.preexec)
@@ -86,4 +87,4 @@ class SidecarProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
-            raise AssertionError("sidecar ignored SIGTERM")
+            raise AssertionError("sidecar ignored SIGTERM") from None

@@ -42,7 +42,9 @@ def test_seq_continues_across_reopen(tmp_path: Path) -> None:
     assert seqs(tmp_path / "rgt") == [1, 2, 3, 4, 5, 6]
 
 
-@pytest.mark.parametrize("torn", [b'{"v":1,"run":"run-1","ho', b"\x00" * 37, b'{"v":1}\n', b"garbage\n\x00\x00"])
+@pytest.mark.parametrize("torn", [
+    b'{"v":1,"run":"run-1","ho', b"\x00" * 37, b'{"v":1}\n', b"garbage\n\x00\x00",
+])
 def test_torn_tail_is_cut_kept_aside_and_not_fatal(tmp_path: Path, torn: bytes) -> None:
     j = make(tmp_path)
     for i in range(3):

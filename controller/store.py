@@ -1,0 +1,567 @@
+"""The controller's SQLite store: runs, events, cursors and gaps.
+
+One database file (controller.paths.db_path()) in WAL mode, so one process
+can write (the subscriber) while others read (`rgt events --follow`,
+`rgt status`). Writes are short IMMEDIATE transactions; events are idempotent
+on (run, seq), so replaying a batch after a reconnect is harmless.
+
+A Store holds one connection and is used from one thread at a time (it may be
+handed from the thread that opened it to another). Every other process opens
+its own Store.
+
+Timestamps are unix seconds (REAL). JSON columns hold objects encoded by
+protocol.encode_json, so a NaN stored locally reads back as "nan", exactly as
+it would have travelled on the wire.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+import os
+import sqlite3
+import stat
+import time
+from pathlib import Path
+from typing import (
+    Any,
+    Callable,
+    Concatenate,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    ParamSpec,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
+
+import protocol
+
+from controller import paths
+
+log = logging.getLogger(__name__)
+
+BUSY_TIMEOUT_S = 5.0
+_LISTED_RUNS = 8  # how many candidates an error message names
+
+# ---- errors ---------------------------------------------------------------
+
+
+class StoreError(Exception):
+    """Anything the store cannot do. `hint` is a next step for a person, or None."""
+
+    def __init__(self, message: str, hint: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class SchemaTooNew(StoreError):
+    """The database was written by a newer rgt than this one."""
+
+
+class StoreBusy(StoreError):
+    """Another connection held the write lock past the busy timeout."""
+
+
+class StoreCorrupt(StoreError):
+    """The file is not an SQLite database, or SQLite found it damaged."""
+
+
+class RunNotFound(StoreError):
+    """No run has that id or starts with that prefix. `candidates`: known runs, newest first."""
+
+    def __init__(self, message: str, hint: Optional[str], candidates: Sequence[str]) -> None:
+        super().__init__(message, hint)
+        self.candidates = list(candidates)
+
+
+class AmbiguousRun(StoreError):
+    """A prefix matches more than one run. `candidates`: the matches, sorted."""
+
+    def __init__(self, message: str, hint: Optional[str], candidates: Sequence[str]) -> None:
+        super().__init__(message, hint)
+        self.candidates = list(candidates)
+
+
+def _translate(e: sqlite3.Error, path: Path) -> StoreError:
+    """A StoreError that says what went wrong with which file."""
+    name = str(getattr(e, "sqlite_errorname", ""))
+    text = str(e)
+    low = text.lower()
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in low:
+        return StoreBusy(
+            f"the store {path} stayed locked for over {BUSY_TIMEOUT_S:g} s ({text})",
+            hint="another rgt process is writing to it; try again",
+        )
+    if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")) or "not a database" in low \
+            or "malformed" in low:
+        return StoreCorrupt(
+            f"{path} is not a usable rgt database ({text})",
+            hint="move the file aside; rgt starts a new database at that path",
+        )
+    if name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM")) \
+            or "readonly" in low or "unable to open" in low:
+        return StoreError(
+            f"cannot use the store {path} ({text})",
+            hint="check the permissions of the file and its directory, or set RGT_HOME",
+        )
+    return StoreError(f"store {path}: {text}")
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _sql(fn: Callable[Concatenate[Store, _P], _R]) -> Callable[Concatenate[Store, _P], _R]:
+    """Turn sqlite3 errors raised by a Store method into StoreErrors."""
+
+    def wrapper(self: Store, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fn(self, *args, **kwargs)
+        except sqlite3.Error as e:
+            raise _translate(e, self.path) from e
+
+    functools.update_wrapper(wrapper, fn)
+    return wrapper
+
+
+# ---- schema ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Migration:
+    """One schema step, applied in its own transaction. `version` is user_version after it."""
+
+    version: int
+    summary: str
+    statements: Tuple[str, ...]
+
+
+# Append only: a released step never changes (databases out there already ran
+# it); a schema change is a new step at the end. SQL only, no executescript
+# (it would commit mid-step).
+MIGRATIONS: Tuple[Migration, ...] = (
+    Migration(1, "hosts, runs, events, cursors", (
+        """CREATE TABLE hosts (
+            name TEXT NOT NULL PRIMARY KEY,
+            ssh TEXT NOT NULL DEFAULT '',
+            profile TEXT NOT NULL DEFAULT '',
+            added_at REAL NOT NULL
+        )""",
+        """CREATE TABLE runs (
+            run TEXT NOT NULL PRIMARY KEY,
+            host TEXT NOT NULL DEFAULT '',
+            boot_id TEXT NOT NULL DEFAULT '',
+            protocol_version INTEGER NOT NULL DEFAULT 0,
+            package_version TEXT NOT NULL DEFAULT '',
+            meta TEXT NOT NULL DEFAULT '{}',  -- JSON object
+            endpoint TEXT NOT NULL DEFAULT '',
+            first_seen REAL NOT NULL,
+            last_seen REAL NOT NULL
+        )""",
+        """CREATE TABLE events (
+            run TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            ts REAL NOT NULL,
+            kind TEXT NOT NULL,
+            sev TEXT NOT NULL,
+            host TEXT NOT NULL,
+            data TEXT NOT NULL,  -- JSON object
+            received_at REAL NOT NULL,
+            PRIMARY KEY (run, seq)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE cursors (
+            run TEXT NOT NULL PRIMARY KEY,
+            last_seq INTEGER NOT NULL,
+            boot_id TEXT NOT NULL DEFAULT '',
+            updated_at REAL NOT NULL
+        )""",
+    )),
+    Migration(2, "index events by kind; seqs the sidecar reported lost", (
+        "CREATE INDEX events_run_kind ON events (run, kind)",
+        """CREATE TABLE gaps (
+            run TEXT NOT NULL,
+            first_seq INTEGER NOT NULL,
+            last_seq INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            recorded_at REAL NOT NULL,
+            PRIMARY KEY (run, first_seq, last_seq)
+        ) WITHOUT ROWID""",
+    )),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def _user_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def _refuse_newer(found: int, supported: int, path: Path) -> None:
+    if found > supported:
+        raise SchemaTooNew(
+            f"the store {path} has schema version {found}, newer than the version {supported} "
+            f"this rgt understands",
+            hint="upgrade rgt (pip install -U remote-gpu-trainer), or set RGT_HOME to use another store",
+        )
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception (Ctrl-C included)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def migrate(conn: sqlite3.Connection, path: Path) -> int:
+    """Bring the schema to the newest version, one transaction per step; returns it.
+
+    Safe against another process migrating at the same time: each step
+    re-reads user_version under the write lock.
+    """
+    migrations = MIGRATIONS
+    target = len(migrations)
+    found = _user_version(conn)
+    _refuse_newer(found, target, path)
+    for step in migrations[found:]:
+        with _transaction(conn):
+            now = _user_version(conn)
+            _refuse_newer(now, target, path)
+            if now >= step.version:
+                continue
+            for sql in step.statements:
+                conn.execute(sql)
+            conn.execute(f"PRAGMA user_version = {int(step.version)}")
+        log.info("store %s: schema version %d (%s)", path, step.version, step.summary)
+    return target
+
+
+# ---- files ----------------------------------------------------------------
+
+
+def _prepare_files(path: Path) -> None:
+    """Create the directory (0700) and the database file (0600) if missing.
+
+    An existing directory is left as it is; an existing database file (or its
+    -wal/-shm) readable by others is tightened to 0600.
+    """
+    try:
+        path.parent.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass
+    else:
+        os.chmod(path.parent, 0o700)  # mkdir's mode passes through the umask
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            mode = stat.S_IMODE(os.stat(name).st_mode)
+            if mode & 0o077:
+                log.warning("%s had mode %o; tightening to 600", name, mode)
+                os.chmod(name, 0o600)
+        except FileNotFoundError:
+            continue
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(
+        str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+    )
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        # Refuse a newer schema before this process changes anything in the file.
+        _refuse_newer(_user_version(conn), len(MIGRATIONS), path)
+        mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+        if mode != "wal":
+            log.warning("store %s: journal mode is %s, not wal; readers may block the writer",
+                        path, mode)
+        conn.execute("PRAGMA synchronous = NORMAL")
+        migrate(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+# ---- the store ------------------------------------------------------------
+
+
+def _dump(obj: Mapping[str, Any], what: str) -> str:
+    try:
+        return protocol.encode_json(obj).decode("utf-8")
+    except protocol.ProtocolError as e:
+        raise StoreError(f"{what} cannot be stored: {e}") from e
+
+
+def _load(text: str) -> Dict[str, Any]:
+    obj = json.loads(text)
+    return obj if isinstance(obj, dict) else {}
+
+
+def _prefix_upper(prefix: str) -> Optional[str]:
+    """The least string above every string that starts with prefix, or None.
+
+    SQLite compares TEXT bytewise and UTF-8 keeps code point order, so
+    `prefix <= kind < upper` is exactly "kind starts with prefix", and an
+    index can serve it.
+    """
+    chars = list(prefix)
+    while chars:
+        nxt = ord(chars.pop()) + 1
+        if 0xD800 <= nxt <= 0xDFFF:
+            nxt = 0xE000
+        if nxt <= 0x10FFFF:
+            return "".join(chars) + chr(nxt)
+    return None
+
+
+def _listing(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_LISTED_RUNS])
+    more = len(names) - _LISTED_RUNS
+    return f"{shown} (and {more} more)" if more > 0 else shown
+
+
+_UPSERT_RUN = """
+INSERT INTO runs (run, host, boot_id, protocol_version, package_version, meta, endpoint,
+                  first_seen, last_seen)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (run) DO UPDATE SET
+    host = CASE WHEN excluded.host != '' THEN excluded.host ELSE runs.host END,
+    boot_id = CASE WHEN excluded.boot_id != '' THEN excluded.boot_id ELSE runs.boot_id END,
+    protocol_version = CASE WHEN excluded.protocol_version != 0
+                            THEN excluded.protocol_version ELSE runs.protocol_version END,
+    package_version = CASE WHEN excluded.package_version != ''
+                           THEN excluded.package_version ELSE runs.package_version END,
+    meta = CASE WHEN excluded.meta != '{}' THEN excluded.meta ELSE runs.meta END,
+    endpoint = CASE WHEN excluded.endpoint != '' THEN excluded.endpoint ELSE runs.endpoint END,
+    last_seen = excluded.last_seen
+"""
+
+_INSERT_EVENT = """
+INSERT OR IGNORE INTO events (run, seq, ts, kind, sev, host, data, received_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
+# The cursor remembers the boot id of the sidecar the run was last heard from.
+_SET_CURSOR = """
+INSERT INTO cursors (run, last_seq, boot_id, updated_at)
+VALUES (?1, ?2, COALESCE((SELECT boot_id FROM runs WHERE run = ?1), ''), ?3)
+ON CONFLICT (run) DO UPDATE SET
+    last_seq = excluded.last_seq, boot_id = excluded.boot_id, updated_at = excluded.updated_at
+"""
+
+_RUNS = """
+SELECT r.run AS run, r.host, r.boot_id, r.protocol_version, r.package_version, r.meta,
+       r.endpoint, r.first_seen, r.last_seen AS last_seen, COALESCE(c.last_seq, 0), c.updated_at
+FROM runs AS r LEFT JOIN cursors AS c ON c.run = r.run
+UNION ALL
+SELECT c.run, '', c.boot_id, 0, '', '{}', '', c.updated_at, c.updated_at, c.last_seq, c.updated_at
+FROM cursors AS c WHERE c.run NOT IN (SELECT run FROM runs)
+ORDER BY last_seen DESC, run
+"""
+
+_RUN_FIELDS = ("run", "host", "boot_id", "protocol_version", "package_version", "meta",
+               "endpoint", "first_seen", "last_seen", "last_seq", "cursor_updated_at")
+
+
+class Store:
+    """The controller's database. Open with Store.open(); close, or use as a context manager."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._conn = conn
+        self.path = path
+        self._clock = clock
+
+    @classmethod
+    def open(cls, path: Optional[Path] = None, *,
+             clock: Callable[[], float] = time.time) -> Store:
+        """Open (creating and migrating as needed) the store at path, default paths.db_path()."""
+        path = paths.db_path() if path is None else Path(path)
+        try:
+            _prepare_files(path)
+        except OSError as e:
+            raise StoreError(
+                f"cannot create the store {path}: {e.strerror or e}",
+                hint="check the permissions of its directory, or set RGT_HOME",
+            ) from e
+        try:
+            conn = _connect(path)
+        except sqlite3.Error as e:
+            raise _translate(e, path) from e
+        return cls(conn, path, clock)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.path)!r})"
+
+    # ---- writes ----------------------------------------------------------
+
+    @_sql
+    def upsert_run(self, run: str, *, host: str, boot_id: str = "", protocol_version: int = 0,
+                   package_version: str = "", meta: Mapping[str, Any] = {},
+                   endpoint: str = "") -> None:
+        """Record a run, or update it: first_seen is kept, last_seen set to now.
+
+        An empty string, 0 or {} means "not known now" and keeps the stored value.
+        """
+        now = self._clock()
+        self._conn.execute(_UPSERT_RUN, (
+            run, host, boot_id, protocol_version, package_version,
+            _dump(meta, f"meta of run {run!r}"), endpoint, now, now,
+        ))
+
+    @_sql
+    def apply(self, run: str, events: Sequence[protocol.Event], cursor: int) -> int:
+        """Store events and set the run's cursor, in one transaction; returns how many were new.
+
+        Idempotent on (run, seq): an event already stored is left as it is.
+        Every event must belong to `run` (ValueError otherwise, nothing written).
+
+        The cursor is the caller's promise: every event with seq <= cursor is
+        stored (or recorded lost with record_gap) once this commits. Readers
+        rely on it (`rgt events --follow` waits above it for gap repairs);
+        events above it may be stored ahead of a repair. The cursor row also
+        takes the run's boot_id as upsert_run last recorded it.
+        """
+        if cursor < 0:
+            raise ValueError(f"a cursor is >= 0, got {cursor}")
+        now = self._clock()
+        rows = []
+        for e in events:
+            if e.run != run:
+                raise ValueError(f"event seq {e.seq} belongs to run {e.run!r}, not {run!r}")
+            data = _dump(e.data, f"event seq {e.seq} of run {run!r}")
+            rows.append((run, e.seq, e.ts, e.kind, e.sev, e.host, data, now))
+        conn = self._conn
+        with _transaction(conn):
+            before = conn.total_changes
+            if rows:
+                conn.executemany(_INSERT_EVENT, rows)
+            added = conn.total_changes - before
+            conn.execute(_SET_CURSOR, (run, cursor, now))
+        return added
+
+    @_sql
+    def record_gap(self, run: str, first_seq: int, last_seq: int, reason: str) -> None:
+        """Remember that seqs first_seq..last_seq (inclusive) are lost; recording it again is a no-op."""
+        if not 1 <= first_seq <= last_seq:
+            raise ValueError(f"a gap needs 1 <= first_seq <= last_seq, got {first_seq}..{last_seq}")
+        self._conn.execute(
+            "INSERT OR IGNORE INTO gaps (run, first_seq, last_seq, reason, recorded_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (run, first_seq, last_seq, reason, self._clock()),
+        )
+
+    # ---- reads -----------------------------------------------------------
+
+    @_sql
+    def cursor(self, run: str) -> int:
+        """The run's cursor as the last apply() set it; 0 for a run never applied."""
+        row = self._conn.execute("SELECT last_seq FROM cursors WHERE run = ?", (run,)).fetchone()
+        return int(row[0]) if row else 0
+
+    @_sql
+    def events(self, run: str, *, since: int = 0, kind_prefix: Optional[str] = None,
+               limit: Optional[int] = None) -> List[protocol.Event]:
+        """The run's events with seq > since, in seq order; kind_prefix is a plain string prefix."""
+        sql = "SELECT seq, ts, kind, sev, host, data FROM events WHERE run = ? AND seq > ?"
+        params: List[Any] = [run, since]
+        if kind_prefix:
+            sql += " AND kind >= ?"
+            params.append(kind_prefix)
+            upper = _prefix_upper(kind_prefix)
+            if upper is not None:
+                sql += " AND kind < ?"
+                params.append(upper)
+        sql += " ORDER BY seq"
+        if limit is not None:
+            if limit < 0:
+                raise ValueError(f"limit must be >= 0, got {limit}")
+            sql += " LIMIT ?"
+            params.append(limit)
+        rows = self._conn.execute(sql, params).fetchall()
+        return [
+            protocol.Event(run=run, host=host, seq=seq, ts=ts, kind=kind, sev=sev, data=_load(data))
+            for seq, ts, kind, sev, host, data in rows
+        ]
+
+    @_sql
+    def count_events(self, run: str) -> int:
+        return int(self._conn.execute("SELECT count(*) FROM events WHERE run = ?", (run,))
+                   .fetchone()[0])
+
+    @_sql
+    def gaps(self, run: str) -> List[Dict[str, Any]]:
+        """Recorded gaps of a run, by first_seq."""
+        rows = self._conn.execute(
+            "SELECT first_seq, last_seq, reason, recorded_at FROM gaps WHERE run = ?"
+            " ORDER BY first_seq, last_seq", (run,)).fetchall()
+        return [dict(zip(("first_seq", "last_seq", "reason", "recorded_at"), r)) for r in rows]
+
+    @_sql
+    def runs(self) -> List[Dict[str, Any]]:
+        """Every known run, most recently seen first.
+
+        Keys: run, host, boot_id, protocol_version, package_version, meta (a
+        dict), endpoint, first_seen, last_seen, last_seq (the cursor),
+        cursor_updated_at (None before the first apply). A run that only ever
+        had apply() calls shows with empty host and metadata.
+        """
+        out = []
+        for row in self._conn.execute(_RUNS).fetchall():
+            item = dict(zip(_RUN_FIELDS, row))
+            item["meta"] = _load(item["meta"])
+            out.append(item)
+        return out
+
+    @_sql
+    def resolve_run(self, name: str) -> str:
+        """The run id `name` names: itself, or the one run it is a prefix of.
+
+        Raises AmbiguousRun or RunNotFound, each with a hint naming candidates.
+        """
+        known: List[str] = [str(r["run"]) for r in self.runs()]
+        if name in known:
+            return name
+        matches = sorted(r for r in known if name and r.startswith(name))
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise AmbiguousRun(
+                f"{name!r} matches {len(matches)} runs: {_listing(matches)}",
+                hint="give more of the run id", candidates=matches,
+            )
+        hint = (f"known runs, newest first: {_listing(known)}" if known
+                else "no runs are recorded in this store yet; is RGT_HOME right?")
+        raise RunNotFound(f"no run {name!r} in {self.path}", hint=hint, candidates=known)
+
+    @_sql
+    def data_version(self) -> int:
+        """Changes whenever another connection commits to the database (not this one's commits)."""
+        return int(self._conn.execute("PRAGMA data_version").fetchone()[0])

@@ -1,0 +1,1 @@
+"""Signal sources of the sidecar: each module reads one outside system and returns plain data."""

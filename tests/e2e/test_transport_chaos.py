@@ -1,0 +1,146 @@
+"""10,000 events, with the subscriber or the sidecar SIGKILLed at random points.
+
+Every event the sidecar journaled must land in the store exactly once, in
+order, with the same content: the store ends up equal to the journal.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import pytest
+
+from controller.store import Store
+from onbox.journal import read_all
+from tests.helpers import REPO, SidecarProcess, rgt_cmd, wait_until
+
+pytestmark = pytest.mark.e2e
+
+TOTAL = 10_000
+RATE = "2500"   # events/s: long enough to be interrupted many times
+
+
+class Attach:
+    """`rgt attach RUN_DIR --quiet`: a subscriber process we can SIGKILL."""
+
+    def __init__(self, run_dir: Path, home: Path) -> None:
+        self.args = rgt_cmd("attach", str(run_dir), "--quiet")
+        self.env = {**os.environ, "RGT_HOME": str(home)}
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> "Attach":
+        self.proc = subprocess.Popen(self.args, env=self.env, cwd=REPO,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def cleanup() -> Iterator[List[object]]:
+    things: List[object] = []
+    yield things
+    for thing in reversed(things):
+        if isinstance(thing, Attach):
+            thing.kill()
+        elif isinstance(thing, SidecarProcess):
+            thing.stop()
+
+
+def stored(home: Path, run: str) -> List[dict]:
+    with Store.open(home / "rgt.db") as store:
+        return [{"seq": e.seq, "kind": e.kind, "sev": e.sev, "ts": e.ts, "data": dict(e.data)}
+                for e in store.events(run)]
+
+
+def count(home: Path, run: str) -> int:
+    if not (home / "rgt.db").exists():
+        return 0
+    with Store.open(home / "rgt.db") as store:
+        return store.count_events(run) if store.runs() else 0
+
+
+def cursor(home: Path, run: str) -> int:
+    with Store.open(home / "rgt.db") as store:
+        return store.cursor(run)
+
+
+def assert_store_equals_journal(home: Path, run: str, run_dir: Path) -> int:
+    """Store == the journal's first `cursor` events, field by field."""
+    upto = cursor(home, run)
+    journal = [{k: e[k] for k in ("seq", "kind", "sev", "ts", "data")} for e in read_all(run_dir / "rgt")]
+    assert upto >= TOTAL and len(journal) >= upto
+    got = stored(home, run)
+    assert [e["seq"] for e in got] == list(range(1, upto + 1))
+    assert got == journal[:upto]
+    return upto
+
+
+def test_subscriber_killed_and_restarted_at_random_points(tmp_path: Path, home: Path,
+                                                          cleanup: List[object]) -> None:
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    run_dir = tmp_path / "active" / "run-chaos"
+    sidecar = SidecarProcess(run_dir, "--synthetic", str(TOTAL), "--synthetic-rate", RATE,
+                             "--heartbeat", "0.5").start()
+    cleanup.append(sidecar)
+    kills = 0
+    while count(home, "run-chaos") < TOTAL - 500:
+        sub = Attach(run_dir, home).start()
+        cleanup.append(sub)
+        target = count(home, "run-chaos") + rng.randint(100, 1500)
+        wait_until(lambda: count(home, "run-chaos") >= min(target, TOTAL), 60,
+                   f"store to reach {target} (seed {seed})")
+        sub.kill()
+        kills += 1
+    final = Attach(run_dir, home).start()
+    cleanup.append(final)
+    wait_until(lambda: cursor(home, "run-chaos") >= TOTAL, 60, f"catch-up (seed {seed})")
+    final.kill()
+    assert kills >= 4, f"too few interruptions to mean anything (seed {seed})"
+    assert_store_equals_journal(home, "run-chaos", run_dir)
+
+
+def test_sidecar_killed_and_restarted_mid_stream(tmp_path: Path, home: Path,
+                                                 cleanup: List[object]) -> None:
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    run_dir = tmp_path / "active" / "run-crash"
+    args = ("--synthetic", str(TOTAL), "--synthetic-rate", RATE, "--heartbeat", "0.5")
+    sidecar = SidecarProcess(run_dir, *args).start()
+    cleanup.append(sidecar)
+    sub = Attach(run_dir, home).start()
+    cleanup.append(sub)
+    restarts = 0
+    while True:
+        journal_len = len(read_all(run_dir / "rgt"))
+        if journal_len >= TOTAL:
+            break
+        target = journal_len + rng.randint(300, 2500)
+        wait_until(lambda: len(read_all(run_dir / "rgt")) >= min(target, TOTAL), 60,
+                   f"journal to reach {target} (seed {seed})")
+        if len(read_all(run_dir / "rgt")) >= TOTAL:
+            break
+        sidecar.kill()
+        sidecar = SidecarProcess(run_dir, *args).start()
+        cleanup.append(sidecar)
+        restarts += 1
+    wait_until(lambda: cursor(home, "run-crash") >= TOTAL, 60, f"catch-up (seed {seed})")
+    assert restarts >= 2, f"too few restarts to mean anything (seed {seed})"
+    upto = assert_store_equals_journal(home, "run-crash", run_dir)
+    boots = {e["data"]["boot_id"] for e in stored(home, "run-crash")[:upto] if e["kind"] == "sidecar.started"}
+    assert len(boots) == restarts + 1
