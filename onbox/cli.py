@@ -58,13 +58,14 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--synthetic", "synthetic_count", type=click.IntRange(min=0), default=0, hidden=True,
               help="Tests/benchmarks: emit synthetic events until the journal's seq reaches N.")
 @click.option("--synthetic-rate", "synthetic_rate", type=click.FloatRange(min=0), default=0.0, hidden=True)
+@click.option("--synthetic-delay", "synthetic_delay", type=click.FloatRange(min=0), default=0.0, hidden=True)
 @click.option("--journal-rotate-bytes", type=click.IntRange(min=4096), default=16 << 20, hidden=True)
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.pass_context
 def serve(ctx: click.Context, run_dir: Path, run_id: str, host: str, job_pid: Optional[int],
           heartbeat_s: float, tcp: Optional[str], curve_dir: Optional[Path], synthetic_count: int,
-          synthetic_rate: float, journal_rotate_bytes: int, log_level: str) -> None:
+          synthetic_rate: float, synthetic_delay: float, journal_rotate_bytes: int, log_level: str) -> None:
     """Journal and publish this run's events until SIGTERM/SIGINT.
 
     Events go to <run-dir>/rgt/events.jsonl and out over unix sockets in a 0700
@@ -83,7 +84,8 @@ def serve(ctx: click.Context, run_dir: Path, run_id: str, host: str, job_pid: Op
         sidecar = Sidecar(SidecarConfig(
             run_dir=run_dir, run_id=run_id, host=host, heartbeat_s=heartbeat_s, tcp=tcp_bind,
             curve=curve, job_pid=job_pid, synthetic_count=synthetic_count,
-            synthetic_rate_hz=synthetic_rate, journal_rotate_bytes=journal_rotate_bytes))
+            synthetic_rate_hz=synthetic_rate, synthetic_delay_s=synthetic_delay,
+            journal_rotate_bytes=journal_rotate_bytes))
     except OnboxError as e:
         raise _fail(str(e), code=2) from None
     _install_signals(sidecar.stop)

@@ -55,6 +55,7 @@ class SidecarConfig:
     job_poll_s: float = 1.0
     synthetic_count: int = 0          # tests and benchmarks: emit until last_seq reaches it
     synthetic_rate_hz: float = 0.0    # 0 = as fast as possible
+    synthetic_delay_s: float = 0.0    # wait before the first synthetic event
     journal_rotate_bytes: int = 16 << 20
     journal_ring_max: int = 10_000
 
@@ -257,6 +258,8 @@ class Sidecar:
         self.emit("job.exited", data, "info" if clean else "warn")
 
     def _synthetic(self) -> None:
+        if self._stop.wait(self.config.synthetic_delay_s):
+            return
         rate = self.config.synthetic_rate_hz
         period = 1.0 / rate if rate > 0 else 0.0
         next_at = time.monotonic()

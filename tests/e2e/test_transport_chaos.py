@@ -32,7 +32,7 @@ class Attach:
         self.env = {**os.environ, "RGT_HOME": str(home)}
         self.proc: Optional[subprocess.Popen] = None
 
-    def start(self) -> "Attach":
+    def start(self) -> Attach:
         self.proc = subprocess.Popen(self.args, env=self.env, cwd=REPO,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         return self
@@ -102,8 +102,8 @@ def test_subscriber_killed_and_restarted_at_random_points(tmp_path: Path, home: 
     while count(home, "run-chaos") < TOTAL - 500:
         sub = Attach(run_dir, home).start()
         cleanup.append(sub)
-        target = count(home, "run-chaos") + rng.randint(100, 1500)
-        wait_until(lambda: count(home, "run-chaos") >= min(target, TOTAL), 60,
+        target = min(TOTAL, count(home, "run-chaos") + rng.randint(100, 1500))
+        wait_until(lambda t=target: count(home, "run-chaos") >= t, 60,
                    f"store to reach {target} (seed {seed})")
         sub.kill()
         kills += 1
@@ -130,8 +130,8 @@ def test_sidecar_killed_and_restarted_mid_stream(tmp_path: Path, home: Path,
         journal_len = len(read_all(run_dir / "rgt"))
         if journal_len >= TOTAL:
             break
-        target = journal_len + rng.randint(300, 2500)
-        wait_until(lambda: len(read_all(run_dir / "rgt")) >= min(target, TOTAL), 60,
+        target = min(TOTAL, journal_len + rng.randint(300, 2500))
+        wait_until(lambda t=target: len(read_all(run_dir / "rgt")) >= t, 60,
                    f"journal to reach {target} (seed {seed})")
         if len(read_all(run_dir / "rgt")) >= TOTAL:
             break
