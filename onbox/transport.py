@@ -16,10 +16,10 @@ import threading
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
-import zmq
-import zmq.auth
+import zmq  # noqa: TID251 (the zmq seam)
+import zmq.auth  # noqa: TID251 (the zmq seam)
 from protocol.endpoints import Endpoints
-from zmq.auth.thread import ThreadAuthenticator
+from zmq.auth.thread import ThreadAuthenticator  # noqa: TID251 (the zmq seam)
 
 from .errors import ConfigError
 

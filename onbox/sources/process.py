@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
-import psutil
+import psutil  # noqa: TID251 (the psutil seam)
 
 
 def pid_alive(pid: int) -> bool:

@@ -17,7 +17,7 @@ from typing import IO, Any, Iterator, List, Optional
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli
+from controller import cli, events
 from controller.store import SCHEMA_VERSION, Store
 from protocol import Event, decode_event
 
@@ -202,7 +202,7 @@ def test_follow_shows_late_and_backfilled_events_once(home: Path) -> None:
     try:
         with Store.open() as writer, Store.open() as reader:
             writer.apply(RUN, [ev(1), ev(2), ev(5)], 2)  # 3 and 4 not repaired yet
-            follow = cli.iter_events(reader, RUN, follow=True, stop=stop, poll_s=0.01)
+            follow = events.iter_events(reader, RUN, follow=True, stop=stop, poll_s=0.01)
             assert seqs(next(follow)) == [1, 2, 5]
             writer.apply(RUN, [ev(3), ev(4)], 5)        # the gap repair lands
             assert seqs(next(follow)) == [3, 4]
@@ -222,7 +222,7 @@ def test_follow_applies_kind_and_limit(home: Path) -> None:
     try:
         with Store.open() as writer, Store.open() as reader:
             writer.apply(RUN, [ev(1), ev(2, "gpu.xid")], 2)
-            follow = cli.iter_events(reader, RUN, follow=True, kind_prefix="gpu.", limit=2,
+            follow = events.iter_events(reader, RUN, follow=True, kind_prefix="gpu.", limit=2,
                                      stop=stop, poll_s=0.01)
             assert seqs(next(follow)) == [2]
             writer.apply(RUN, [ev(3), ev(4, "gpu.ecc"), ev(5, "gpu.lost")], 5)

@@ -1,0 +1,77 @@
+"""The import rules of DESIGN.md §2 are enforced by ruff, per package; prove the lint bites."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RUFF = Path(sys.executable).parent / "ruff"
+
+
+def lint(path: str, source: str) -> subprocess.CompletedProcess:
+    """ruff on `source` as if it were the file `path` (config resolved for that path)."""
+    return subprocess.run([str(RUFF), "check", "--select", "TID251", "--stdin-filename", path, "-"],
+                          input=source, capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+@pytest.mark.parametrize("path, source", [
+    ("protocol/x.py", "import onbox\n"),
+    ("protocol/x.py", "from controller import cli\n"),
+    ("protocol/x.py", "import profiles\n"),
+    ("protocol/x.py", "import zmq\n"),
+    ("profiles/x.py", "import protocol\n"),
+    ("onbox/x.py", "from controller.store import Store\n"),
+    ("controller/x.py", "import onbox.journal\n"),
+    ("onbox/sidecar.py", "import zmq\n"),
+    ("onbox/x.py", "import pynvml\n"),
+    ("onbox/x.py", "import torch\n"),
+    ("controller/x.py", "import psutil\n"),
+    ("onbox/transport.py", "import zmq  # noqa: TID251\nimport controller\n"),
+])
+def test_forbidden_imports_fail_the_lint(path: str, source: str) -> None:
+    out = lint(path, source)
+    assert out.returncode == 1 and "TID251" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("path, source", [
+    ("onbox/x.py", "import protocol\n"),
+    ("controller/x.py", "from protocol import Event\n"),
+    ("onbox/transport.py", "import zmq  # noqa: TID251\n"),
+])
+def test_allowed_imports_pass(path: str, source: str) -> None:
+    assert lint(path, source).returncode == 0
+
+
+def test_nothing_heavy_happens_at_import_time() -> None:
+    """No module-level call into the outside world: importing every module binds, opens and
+    initializes nothing (checked by importing them all in a fresh interpreter)."""
+    modules = sorted(
+        ".".join(p.relative_to(REPO).with_suffix("").parts)
+        for pkg in ("protocol", "onbox", "controller", "profiles")
+        for p in (REPO / pkg).rglob("*.py")
+    )
+    code = ("import sys, threading, logging\n"
+            f"for m in {modules!r}: __import__(m.removesuffix('.__init__'))\n"
+            "assert threading.active_count() == 1, threading.enumerate()\n"
+            "assert not logging.getLogger().handlers\n"
+            "assert 'torch' not in sys.modules and 'pynvml' not in sys.modules\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def test_protocol_imports_only_the_standard_library() -> None:
+    stdlib = set(sys.stdlib_module_names)
+    for path in (REPO / "protocol").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] in stdlib, f"{path.name} imports {name}"
