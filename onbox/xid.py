@@ -29,7 +29,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
+from protocol import SEVERITIES
+
 from onbox.errors import OnboxError
+from onbox.sources.gpu import RECOVERY_ACTIONS
 
 CLASSES: Tuple[str, ...] = (
     "application",
@@ -40,21 +43,10 @@ CLASSES: Tuple[str, ...] = (
     "informational",
     "unknown",
 )
-SEVERITIES: Tuple[str, ...] = ("info", "warn", "critical")
 SUPPORTED_SCHEMA_VERSIONS: Tuple[int, ...] = (1,)
 
-# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION / nvmlDeviceGetGpuRecoveryAction values. Xid 154 prints the
-# same numbers ("... to 0x2 (Node Reboot Required)").
-RECOVERY_ACTION_BY_NVML: Dict[int, str] = {
-    0: "none",
-    1: "gpu_reset",
-    2: "node_reboot",
-    3: "drain_p2p",
-    4: "drain_and_reset",
-    5: "recover_imex_domain",
-    6: "bus_reset",
-    7: "system_reboot",
-}
+# Xid 154 prints the NVML recovery-action numbers ("... to 0x2 (Node Reboot Required)").
+RECOVERY_ACTION_BY_NVML: Dict[int, str] = RECOVERY_ACTIONS
 
 # Spellings seen from callers, nvidia-smi and Xid 154 text, after lowercasing and turning spaces and
 # dashes into underscores. Canonical names map to themselves.
