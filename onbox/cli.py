@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import click
 from protocol import PACKAGE_VERSION
@@ -48,6 +48,13 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--run-id", default="", help="Run id (default: run.json's id, else the directory name).")
 @click.option("--host", default="", help="Host name carried in events (default: this machine's).")
 @click.option("--pid", "job_pid", type=int, default=None, help="The training job's pid to watch.")
+@click.option("--gpu", "gpu", default="auto", show_default=True, metavar="auto|none|fake:SCENARIO",
+              help="GPU source: NVML when present, off, or a scripted scenario (tests, demos).")
+@click.option("--watch", "watch_paths", multiple=True, type=click.Path(path_type=Path),
+              help="Also watch this filesystem's space (repeatable); the run dir's is always watched.")
+@click.option("--gpu-interval", "gpu_interval_s", type=click.FloatRange(min=0.05), default=2.0,
+              show_default=True, help="Seconds between GPU samples (gpu.sample aggregates 30 s of them).")
+@click.option("--no-kmsg", is_flag=True, help="Do not read Xids from /dev/kmsg (NVML events only).")
 @click.option("--heartbeat", "heartbeat_s", type=click.FloatRange(min=0.05), default=30.0,
               show_default=True, help="Seconds between heartbeat events.")
 @click.option("--tcp", default=None, metavar="127.0.0.1:PORT",
@@ -64,7 +71,9 @@ def main(ctx: click.Context, debug: bool) -> None:
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.pass_context
 def serve(ctx: click.Context, run_dir: Path, run_id: str, host: str, job_pid: Optional[int],
-          heartbeat_s: float, tcp: Optional[str], curve_dir: Optional[Path], synthetic_count: int,
+          gpu: str, watch_paths: Tuple[Path, ...], gpu_interval_s: float, no_kmsg: bool,
+          heartbeat_s: float,
+          tcp: Optional[str], curve_dir: Optional[Path], synthetic_count: int,
           synthetic_rate: float, synthetic_delay: float, journal_rotate_bytes: int, log_level: str) -> None:
     """Journal and publish this run's events until SIGTERM/SIGINT.
 
@@ -83,7 +92,9 @@ def serve(ctx: click.Context, run_dir: Path, run_id: str, host: str, job_pid: Op
         curve = load_curve_server(curve_dir) if (tcp_bind and curve_dir) else None
         sidecar = Sidecar(SidecarConfig(
             run_dir=run_dir, run_id=run_id, host=host, heartbeat_s=heartbeat_s, tcp=tcp_bind,
-            curve=curve, job_pid=job_pid, synthetic_count=synthetic_count,
+            curve=curve, job_pid=job_pid, gpu=gpu, gpu_sample_s=gpu_interval_s, watch_paths=watch_paths,
+            kmsg=not no_kmsg,
+            synthetic_count=synthetic_count,
             synthetic_rate_hz=synthetic_rate, synthetic_delay_s=synthetic_delay,
             journal_rotate_bytes=journal_rotate_bytes))
     except OnboxError as e:
@@ -98,6 +109,35 @@ def serve(ctx: click.Context, run_dir: Path, run_id: str, host: str, job_pid: Op
         sidecar.serve()
     finally:
         sidecar.close()
+
+
+@main.command()
+@click.option("--gpu", "gpu_index", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Check only GPU N (default: all).")
+@click.option("--seconds", type=click.FloatRange(min=0.5, max=600), default=5.0, show_default=True,
+              help="How long to sample.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of a table.")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Check the disk and memory headroom where this run writes (default: here).")
+@click.option("--probe", default="auto", hidden=True, metavar="auto|none|fake:SCENARIO",
+              help="GPU source (tests and demos use a scripted scenario).")
+def health(gpu_index: Optional[int], seconds: float, as_json: bool, run_dir: Optional[Path],
+           probe: str) -> None:
+    """Pre-flight: sample the box for a few seconds and judge each check.
+
+    PASS / WARN / FAIL per check: Xid history, throttle, temperature, ECC, row
+    remap, GPU lost, foreign VRAM holders, disk, memory headroom. Exit 0 on
+    pass or warn, 2 on fail. Without a GPU or driver the GPU checks say so
+    (SKIP) and the rest still run.
+    """
+    from .health import run_health
+
+    try:
+        code = run_health(gpu_index, seconds, as_json, run_dir, sys.stdout, gpu=probe)
+    except OnboxError as e:
+        raise _fail(str(e), code=2) from None
+    if code:
+        raise click.exceptions.Exit(code)
 
 
 @main.command()

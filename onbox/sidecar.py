@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from protocol import (
     PACKAGE_VERSION,
@@ -35,6 +35,7 @@ from protocol.codec import PAGE_BYTES, request_id_of
 from .errors import AlreadyServing, ConfigError
 from .jobs import FunctionJob, PeriodicJob, Scheduler
 from .journal import Journal
+from .monitor import HealthMonitor, MonitorConfig
 from .sources import process
 from .transport import CurveServer, EventServer, socket_dir_for
 
@@ -52,7 +53,10 @@ class SidecarConfig:
     tcp: Optional[Tuple[str, int]] = None
     curve: Optional[CurveServer] = None
     job_pid: Optional[int] = None
-    job_poll_s: float = 1.0
+    gpu: str = "auto"                 # "auto" (NVML when present), "none", "fake:<scenario>"
+    gpu_sample_s: float = 2.0
+    watch_paths: Sequence[Path] = ()  # filesystems to watch besides the run dir's
+    kmsg: bool = True                 # read Xids from /dev/kmsg too, when readable
     synthetic_count: int = 0          # tests and benchmarks: emit until last_seq reaches it
     synthetic_rate_hz: float = 0.0    # 0 = as fast as possible
     synthetic_delay_s: float = 0.0    # wait before the first synthetic event
@@ -98,7 +102,11 @@ class Sidecar:
         self._threads: List[threading.Thread] = []
         self._scheduler: Optional[Scheduler] = None
         self.counters = {"requests": 0, "refused": 0, "too_large": 0}
-        self._job_exit_reported = False
+        self.monitor = HealthMonitor(
+            MonitorConfig(run_dir=self.run_dir, job_pid=config.job_pid, gpu=config.gpu,
+                          gpu_sample_s=config.gpu_sample_s,
+                          watch_paths=tuple(config.watch_paths), kmsg=config.kmsg),
+            self.emit)
 
     # ---- life -------------------------------------------------------------
 
@@ -113,6 +121,8 @@ class Sidecar:
             "boot_id": self.boot_id, "pid": os.getpid(), "package_version": PACKAGE_VERSION,
             "protocol_version": PROTOCOL_VERSION, "transport": "tcp" if self.config.tcp else "ipc",
         })
+        self.monitor.start()
+        self.emit("sidecar.capability", self.monitor.status())
         self._scheduler = Scheduler(self._jobs(), self._job_failed)
         self._scheduler.start()
         if self.config.synthetic_count:
@@ -150,6 +160,7 @@ class Sidecar:
             self._scheduler.stop()
         for t in self._threads:
             t.join(5.0)
+        self.monitor.close()
         try:
             self.emit("sidecar.stopping", {"boot_id": self.boot_id})
         finally:
@@ -207,15 +218,11 @@ class Sidecar:
     # ---- jobs -------------------------------------------------------------
 
     def _jobs(self) -> List[PeriodicJob]:
-        jobs: List[PeriodicJob] = [
+        return [
             FunctionJob("heartbeat", self.config.heartbeat_s, self._heartbeat),
             FunctionJob("journal", 1.0, self._journal_tick),
+            *self.monitor.jobs(),
         ]
-        if self.config.job_pid:
-            if not self._job_known():
-                self.emit("job.started", {"pid": self.config.job_pid})
-            jobs.append(FunctionJob("job", self.config.job_poll_s, self._watch_job))
-        return jobs
 
     def _heartbeat(self) -> None:
         data: Dict[str, Any] = {"boot_id": self.boot_id,
@@ -223,6 +230,7 @@ class Sidecar:
         data.update(self.journal.stats())
         data.update(self.counters)
         data.update(process.own_usage())
+        data["monitor"] = self.monitor.status()
         self.emit("heartbeat", data)
 
     def _journal_tick(self) -> None:
@@ -234,28 +242,6 @@ class Sidecar:
             self.emit("sidecar.recovered", {"part": name})
         else:
             self.emit("sidecar.degraded", {"part": name, "error": f"{type(error).__name__}: {error}"[:500]})
-
-    def _job_known(self) -> bool:
-        """The job was announced by an earlier sidecar process of this run."""
-        marker = self.rgt_dir / "job.announced"
-        if marker.exists() and marker.read_text().strip() == str(self.config.job_pid):
-            return True
-        marker.write_text(f"{self.config.job_pid}\n")
-        return False
-
-    def _watch_job(self) -> None:
-        pid = self.config.job_pid
-        if self._job_exit_reported or pid is None or process.pid_alive(pid):
-            return
-        self._job_exit_reported = True
-        data: Dict[str, Any] = {"pid": pid, "code": None, "signal": None, "oom_killed": False}
-        try:
-            exit_record = json.loads((self.rgt_dir / "exit.json").read_text())
-            data.update({k: exit_record.get(k) for k in ("code", "signal", "oom_killed") if k in exit_record})
-        except (OSError, ValueError):
-            data["evidence"] = "process gone; no exit record from the launcher"
-        clean = data.get("code") == 0
-        self.emit("job.exited", data, "info" if clean else "warn")
 
     def _synthetic(self) -> None:
         if self._stop.wait(self.config.synthetic_delay_s):

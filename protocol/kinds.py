@@ -35,6 +35,7 @@ _k("synthetic.tick", "info", "load generated for tests and benchmarks", telemetr
 
 # Sidecar life.
 _k("sidecar.started", "info", "a sidecar process started serving this run")
+_k("sidecar.capability", "info", "what this sidecar can see: GPU section on or off and why, kernel log")
 _k("sidecar.stopping", "info", "the sidecar is shutting down cleanly")
 _k("sidecar.degraded", "warn", "a source or the journal is failing; the sidecar goes on")
 _k("sidecar.recovered", "info", "a degraded part works again")
@@ -58,9 +59,11 @@ _k("gpu.throttle_cleared", "info", "the slowdown reasons cleared")
 _k("gpu.ecc", "critical", "uncorrected ECC counts rose")
 _k("gpu.lost", "critical", "the GPU fell off the bus or stopped answering")
 _k("gpu.foreign_memory", "warn", "GPU memory held by processes that are not the job")
+_k("gpu.foreign_memory_cleared", "info", "no foreign process holds GPU memory any more")
 _k("disk.low", "warn", "a watched filesystem is nearly full (bytes or inodes)")
 _k("disk.ok", "info", "a watched filesystem has room again")
 _k("mem.pressure", "warn", "the job's memory is near its limit")
+_k("mem.ok", "info", "the job's memory use is back under the clear level")
 
 # Checkpoints.
 _k("ckpt.saved", "info", "a checkpoint was committed and hashed (path, size, sha256, step)")

@@ -43,6 +43,11 @@ def main() -> int:
            "RGT_CKPT_DIR": str(run_dir / "checkpoints"), "RGT_METRICS": str(run_dir / "metrics.jsonl"),
            "PYTHONUNBUFFERED": "1"}
     say(f"run {run_id} on host local: {run_dir.relative_to(REPO)}")
+    say("pre-flight (rgt-onbox health): no GPU on this machine, so the GPU checks are skipped")
+    if subprocess.run([str(BIN / "rgt-onbox"), "health", "--seconds", "1", "--run-dir", str(run_dir)],
+                      env=env).returncode != 0:
+        print("pre-flight failed: not starting the job")
+        return 1
     job = subprocess.Popen(["bash", "-c", WRAPPER, "rgt-job", sys.executable,
                             str(REPO / "scripts" / "train_tiny.py"), "--steps", "300"],
                            env=env, start_new_session=True)

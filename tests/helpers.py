@@ -10,6 +10,11 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, TypeVar
 
+import zmq
+
+from protocol import Event, decode_event, decode_reply
+from protocol.endpoints import Endpoints
+
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,3 +93,38 @@ class SidecarProcess:
             self.proc.kill()
             self.proc.wait(5)
             raise AssertionError("sidecar ignored SIGTERM") from None
+
+
+class Client:
+    """A bare DEALER + SUB, the way a controller talks to a sidecar."""
+
+    def __init__(self, ep: Endpoints, curve: tuple[bytes, bytes, bytes] | None = None) -> None:
+        self.ctx = zmq.Context()
+        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        for s in (self.dealer, self.sub):
+            s.setsockopt(zmq.LINGER, 0)
+            if curve:
+                s.curve_serverkey, s.curve_publickey, s.curve_secretkey = curve
+        self.dealer.connect(ep.ctl)
+        self.sub.connect(ep.pub)
+
+    def ask(self, frames: List[bytes], timeout_ms: int = 5000) -> object:
+        self.dealer.setsockopt(zmq.SNDTIMEO, timeout_ms)
+        try:
+            self.dealer.send_multipart(frames)
+        except zmq.Again:  # never connected (e.g. refused by CURVE)
+            return None
+        if not self.dealer.poll(timeout_ms):
+            return None
+        return decode_reply(self.dealer.recv_multipart())
+
+    def next_event(self, timeout_ms: int = 5000) -> Event:
+        assert self.sub.poll(timeout_ms), "no live event"
+        return decode_event(self.sub.recv())
+
+    def close(self) -> None:
+        self.dealer.close()
+        self.sub.close()
+        self.ctx.term()

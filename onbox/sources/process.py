@@ -1,10 +1,13 @@
-"""Processes through psutil: the job's liveness and the sidecar's own usage.
+"""Processes through psutil: the job's liveness and tree, GPU holders, and the sidecar's own usage.
 
-The only onbox module (with host.py) that imports psutil.
+The only onbox module (with host.py) that imports psutil. `ProcessView` is the seam the monitor and
+the health check use; tests pass an object with the same methods (`ProcessSource`).
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+import dataclasses
+import os
+from typing import Any, Dict, Optional, Protocol, Set
 
 import psutil  # noqa: TID251 (the psutil seam)
 
@@ -25,3 +28,88 @@ def own_usage() -> Dict[str, Any]:
     with me.oneshot():
         times = me.cpu_times()
         return {"rss_bytes": me.memory_info().rss, "cpu_s": round(times.user + times.system, 3)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcInfo:
+    """A live process. `create_time` (unix s) tells a reused pid from the one we watched."""
+
+    pid: int
+    create_time: float
+    name: Optional[str] = None
+    rss_bytes: Optional[int] = None
+
+
+class ProcessSource(Protocol):
+    def info(self, pid: int) -> Optional[ProcInfo]: ...
+
+    def tree(self, pid: int) -> Set[int]: ...
+
+    def visible(self, pid: int) -> bool: ...
+
+    def holds_gpu(self, pid: int) -> Optional[bool]: ...
+
+    def name(self, pid: int) -> Optional[str]: ...
+
+
+class ProcessView:
+    """`ProcessSource` over psutil and /proc. Every method answers for a vanished pid, never raises."""
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+
+    def info(self, pid: int) -> Optional[ProcInfo]:
+        """The process, or None when it is gone or a zombie."""
+        try:
+            p = psutil.Process(pid)
+            with p.oneshot():
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    return None
+                created = float(p.create_time())
+                try:
+                    rss: Optional[int] = int(p.memory_info().rss)
+                    name: Optional[str] = str(p.name())
+                except psutil.AccessDenied:
+                    rss, name = None, None
+            return ProcInfo(pid, created, name, rss)
+        except psutil.NoSuchProcess:
+            return None
+        except psutil.AccessDenied:
+            return ProcInfo(pid, 0.0)
+
+    def tree(self, pid: int) -> Set[int]:
+        """`pid` and all its descendants; empty when it is gone. Walks every process: call rarely."""
+        try:
+            p = psutil.Process(pid)
+            return {pid} | {int(c.pid) for c in p.children(recursive=True)}
+        except psutil.NoSuchProcess:
+            return set()
+        except psutil.AccessDenied:
+            return {pid}
+
+    def visible(self, pid: int) -> bool:
+        """True when `pid` exists in this PID namespace (NVML may report host pids in a container)."""
+        return bool(psutil.pid_exists(pid))
+
+    def holds_gpu(self, pid: int) -> Optional[bool]:
+        """True when `pid` has an /dev/nvidia* device open; None when its fds cannot be read."""
+        fd_dir = os.path.join(self.proc, str(pid), "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return None
+        for fd in fds:
+            try:
+                if os.readlink(os.path.join(fd_dir, fd)).startswith("/dev/nvidia"):
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def name(self, pid: int) -> Optional[str]:
+        try:
+            return str(psutil.Process(pid).name())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None

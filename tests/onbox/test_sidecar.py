@@ -22,47 +22,10 @@ from protocol import (
     HelloReply,
     Since,
     SinceReply,
-    decode_event,
-    decode_reply,
     encode_request,
 )
 from protocol.endpoints import Endpoints
-from tests.helpers import SidecarProcess, onbox_cmd, wait_until
-
-
-class Client:
-    """A bare DEALER + SUB, the way a controller talks to a sidecar."""
-
-    def __init__(self, ep: Endpoints, curve: tuple[bytes, bytes, bytes] | None = None) -> None:
-        self.ctx = zmq.Context()
-        self.dealer = self.ctx.socket(zmq.DEALER)
-        self.sub = self.ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        for s in (self.dealer, self.sub):
-            s.setsockopt(zmq.LINGER, 0)
-            if curve:
-                s.curve_serverkey, s.curve_publickey, s.curve_secretkey = curve
-        self.dealer.connect(ep.ctl)
-        self.sub.connect(ep.pub)
-
-    def ask(self, frames: List[bytes], timeout_ms: int = 5000) -> object:
-        self.dealer.setsockopt(zmq.SNDTIMEO, timeout_ms)
-        try:
-            self.dealer.send_multipart(frames)
-        except zmq.Again:  # never connected (e.g. refused by CURVE)
-            return None
-        if not self.dealer.poll(timeout_ms):
-            return None
-        return decode_reply(self.dealer.recv_multipart())
-
-    def next_event(self, timeout_ms: int = 5000) -> Event:
-        assert self.sub.poll(timeout_ms), "no live event"
-        return decode_event(self.sub.recv())
-
-    def close(self) -> None:
-        self.dealer.close()
-        self.sub.close()
-        self.ctx.term()
+from tests.helpers import Client, SidecarProcess, onbox_cmd, wait_until
 
 
 @pytest.fixture
@@ -213,20 +176,22 @@ def test_second_sidecar_for_the_same_run_is_refused(sidecar: SidecarProcess) -> 
 
 def test_torn_journal_line_is_repaired_on_start(tmp_path: Path) -> None:
     run_dir = tmp_path / "run-t"
-    sc = SidecarProcess(run_dir).start()
-    sc.stop()
+    SidecarProcess(run_dir, "--gpu", "none", "--no-kmsg").start().stop()
+    before = [e["seq"] for e in read_all(run_dir / "rgt")]
     with open(run_dir / "rgt" / CURRENT, "ab") as f:
         f.write(b'{"v":1,"run":"run-t","host":"h","seq":')
-    sc2 = SidecarProcess(run_dir).start()
+    sc2 = SidecarProcess(run_dir, "--gpu", "none", "--no-kmsg").start()
     try:
         c = Client(Endpoints.read(run_dir / "rgt"))
         try:
-            assert hello_ok(c).last_seq == 3  # started, stopping, started again
+            restarted = hello_ok(c).last_seq
         finally:
             c.close()
     finally:
         sc2.stop()
-    assert [e["seq"] for e in read_all(run_dir / "rgt")] == [1, 2, 3, 4]
+    seqs = [e["seq"] for e in read_all(run_dir / "rgt")]
+    assert restarted > len(before) and seqs == list(range(1, len(seqs) + 1))
+    assert seqs[: len(before)] == before
     assert list((run_dir / "rgt").glob(f"{CURRENT}.torn.*"))
 
 
