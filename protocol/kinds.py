@@ -51,6 +51,9 @@ _k("train.nonfinite", "critical", "a loss or watched scalar is NaN or Inf")
 _k("train.restarted_from_zero", "warn", "a resumed run started far below its last step")
 _k("train.metric_zero", "warn", "a metric stayed exactly 0 while the loss fell")
 _k("train.slow", "warn", "progress with a starved GPU (data-bound)")
+_k("train.loss_spike", "warn", "the loss jumped beyond k sigma of its recent window")
+_k("train.short_run", "warn", "the run finished far sooner than its expected duration")
+_k("train.bad_metrics", "warn", "lines of metrics.jsonl or train.log that could not be read (counted)")
 
 # GPU and box health.
 _k("gpu.xid", "warn", "an Xid from the driver (code, pci, pid, class, advice)")
