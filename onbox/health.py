@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from onbox.detectors.gpu import FAULT_REASONS, GpuThresholds, hot_and_slow
-from onbox.monitor import RoundWorker, init_probe, make_probe
+from onbox.probes import RoundWorker, init_probe, make_probe
 from onbox.sources import host
 from onbox.sources.fake_gpu import TICK_S, ScriptedProbe
 from onbox.sources.gpu import GpuInfo, GpuProbe, GpuSample, XidEvent, decode_reasons

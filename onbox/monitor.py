@@ -35,13 +35,12 @@ from onbox.detectors.hysteresis import Finding
 from onbox.detectors.job import ExitRecord, JobDetector, parse_exit_record
 from onbox.detectors.memory import MemoryDetector, MemReading, MemThresholds
 from onbox.detectors.xids import GPU_OFF_THE_BUS, XidReporter, recovery_for
-from onbox.errors import ConfigError
 from onbox.jobs import FunctionJob, PeriodicJob
+from onbox.probes import RoundWorker, init_probe, make_probe
 from onbox.sources import host
-from onbox.sources.fake_gpu import SCENARIOS, TICK_S, ScriptedProbe
+from onbox.sources.fake_gpu import TICK_S, ScriptedProbe
 from onbox.sources.gpu import Capability, GpuInfo, GpuProbe, GpuProcess, GpuSample, XidEvent
 from onbox.sources.kmsg import KERNEL_FACILITY, KmsgReader, parse_gpu_lost, xid_from_record
-from onbox.sources.nvml import NvmlProbe
 from onbox.sources.process import ProcessSource, ProcessView, ProcInfo
 from onbox.xid import XidDeduper
 
@@ -72,96 +71,6 @@ class MonitorConfig:
     gpu_thresholds: GpuThresholds = dataclasses.field(default_factory=GpuThresholds)
     mem_thresholds: MemThresholds = dataclasses.field(default_factory=MemThresholds)
     disk_thresholds: DiskThresholds = dataclasses.field(default_factory=DiskThresholds)
-
-
-def make_probe(spec: str) -> Optional[GpuProbe]:
-    """The probe a `gpu` setting names: NVML for "auto", a scripted scenario for "fake:<name>"."""
-    if spec == "none":
-        return None
-    if spec == "auto":
-        return NvmlProbe()
-    if spec.startswith("fake:"):
-        name = spec[len("fake:"):]
-        if name not in SCENARIOS:
-            raise ConfigError(f"unknown fake GPU scenario {name!r} (known: {', '.join(sorted(SCENARIOS))})")
-        return SCENARIOS[name]()
-    raise ConfigError(f"gpu must be 'auto', 'none' or 'fake:<scenario>', not {spec!r}")
-
-
-def init_probe(probe: Optional[GpuProbe], spec: str) -> Capability:
-    """`probe.init()`, never raising; an absent probe is a capability that says the GPU part is off."""
-    if probe is None:
-        return Capability(False, f"GPU monitoring is off (gpu={spec})")
-    try:
-        return probe.init()
-    except Exception as e:  # seam boundary: a broken probe turns the GPU section off, nothing else
-        log.exception("GPU probe init failed")
-        return Capability(False, f"GPU probe init failed: {type(e).__name__}: {e}")
-
-
-class RoundWorker:
-    """One daemon thread that runs one call at a time; the caller waits with a timeout.
-
-    A call that never returns leaves the worker busy (`busy`), never the caller blocked.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._cond = threading.Condition()
-        self._fn: Optional[Callable[[], Any]] = None
-        self._done = threading.Event()
-        self._result: Any = None
-        self._error: Optional[BaseException] = None
-        self._closed = False
-        self.busy = False
-        self.current: Any = None  # what the call is working on (set by the call itself)
-        self._thread: Optional[threading.Thread] = None
-
-    def submit(self, fn: Callable[[], Any]) -> None:
-        with self._cond:
-            if self.busy:
-                raise RuntimeError("round worker is busy")
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-                self._thread.start()
-            self.busy = True
-            self._done.clear()
-            self._fn = fn
-            self._cond.notify_all()
-
-    def wait(self, timeout_s: float) -> bool:
-        """True once the submitted call has finished (or nothing is submitted)."""
-        return not self.busy or self._done.wait(max(0.0, timeout_s))
-
-    def take(self) -> Tuple[Any, Optional[BaseException]]:
-        """The finished call's (result, exception); the worker is free again."""
-        with self._cond:
-            result, error = self._result, self._error
-            self._result, self._error, self.busy = None, None, False
-            return result, error
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._fn is not None or self._closed)
-                if self._closed:
-                    return
-                fn, self._fn = self._fn, None
-            assert fn is not None
-            try:
-                result, error = fn(), None
-            except Exception as e:  # a round boundary: the caller gets the exception as data
-                result, error = None, e
-            with self._cond:
-                self._result, self._error = result, error
-            self._done.set()
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
 
 
 def read_marker(path: Path) -> Optional[Dict[str, Any]]:
@@ -296,6 +205,15 @@ class HealthMonitor:
             "job": dict(self._job_state),
             "xid_suppressed": self._xids.suppressed,
         }
+
+    def recent_gpu_util(self) -> Optional[float]:
+        """Mean utilization (%) of the latest samples of the GPUs the job uses (all GPUs when none
+        is known to be the job's); None without GPU readings. Feeds the stall verdict."""
+        with self._lock:
+            latest = list(self._latest.values())
+        mine = [s for s in latest if any(self._job_flag(p.pid) for p in s.processes)] or latest
+        values = [s.utilization_gpu_pct for s in mine if s.utilization_gpu_pct is not None]
+        return sum(values) / len(values) if values else None
 
     def close(self) -> None:
         """Stop the threads and close the probe and the kernel log. Idempotent."""

@@ -494,3 +494,18 @@ def test_thresholds_are_configurable(tmp_path: Path, rigs: Any) -> None:
     rig.step(12)
     rig.close()
     assert rig.rec.counts() == {("gpu.throttle", "warn"): 1, ("gpu.throttle_cleared", "info"): 1}
+
+
+def test_recent_gpu_util_averages_the_latest_samples(tmp_path: Path) -> None:
+    from onbox.sources import fake_gpu
+
+    mon = HealthMonitor(MonitorConfig(run_dir=tmp_path, gpu="none", kmsg=False), lambda *a: None,
+                        probe=fake_gpu.healthy_h100x8())
+    mon.start()
+    try:
+        assert mon.recent_gpu_util() is None
+        mon.gpu_tick()
+        util = mon.recent_gpu_util()
+        assert util is not None and 0 < util <= 100
+    finally:
+        mon.close()
