@@ -63,6 +63,7 @@ def main() -> int:
         start = int(state["step"])
         print(f"resumed from {resume} at step {start}", flush=True)
     x = torch.linspace(-1, 1, 256).unsqueeze(1)
+    began = time.perf_counter()
     y = 3 * x - 1
     for step in range(start + 1, args.steps + 1):
         if step == args.crash_at:
@@ -79,7 +80,8 @@ def main() -> int:
         opt.step()
         if step % args.log_every == 0:
             value = loss.item()
-            line = {"step": step, "epoch": step / args.steps, "loss": value if value == value else "nan"}
+            line = {"step": step, "epoch": step / args.steps, "loss": value if value == value else "nan",
+                    "time": time.time()}
             with open(metrics, "a") as f:
                 f.write(json.dumps(line) + "\n")
             print(f"step={step} loss={value:.6f}", flush=True)
@@ -88,6 +90,7 @@ def main() -> int:
             save(state, ckpt_dir / f"step{step:06d}.pt", atomic=not args.non_atomic_save)
         if args.step_seconds:
             time.sleep(args.step_seconds)
+    print(f"train_seconds={time.perf_counter() - began:.4f}", flush=True)
     print("done", flush=True)
     return 0
 
