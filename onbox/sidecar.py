@@ -32,11 +32,14 @@ from protocol import (
 )
 from protocol.codec import PAGE_BYTES, request_id_of
 
+from .custody import CustodyMonitor
 from .errors import AlreadyServing, ConfigError
 from .jobs import FunctionJob, PeriodicJob, Scheduler
 from .journal import Journal
 from .monitor import HealthMonitor, MonitorConfig
+from .settings import custody_config, load_watch, training_config
 from .sources import process
+from .training import TrainingMonitor
 from .transport import CurveServer, EventServer, socket_dir_for
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,7 @@ class SidecarConfig:
     gpu_sample_s: float = 2.0
     watch_paths: Sequence[Path] = ()  # filesystems to watch besides the run dir's
     kmsg: bool = True                 # read Xids from /dev/kmsg too, when readable
+    watch: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # over run.json's "watch"
     synthetic_count: int = 0          # tests and benchmarks: emit until last_seq reaches it
     synthetic_rate_hz: float = 0.0    # 0 = as fast as possible
     synthetic_delay_s: float = 0.0    # wait before the first synthetic event
@@ -107,6 +111,11 @@ class Sidecar:
                           gpu_sample_s=config.gpu_sample_s,
                           watch_paths=tuple(config.watch_paths), kmsg=config.kmsg),
             self.emit)
+        watch = load_watch(self.run_dir, config.watch)
+        self.training = TrainingMonitor(training_config(self.run_dir, watch, config.job_pid), self.emit,
+                                        gpu_util=self.monitor.recent_gpu_util)
+        self.custody = CustodyMonitor(custody_config(self.run_dir, watch), self.emit,
+                                      on_commit=self.training.note_checkpoint)
 
     # ---- life -------------------------------------------------------------
 
@@ -122,7 +131,9 @@ class Sidecar:
             "protocol_version": PROTOCOL_VERSION, "transport": "tcp" if self.config.tcp else "ipc",
         })
         self.monitor.start()
-        self.emit("sidecar.capability", self.monitor.status())
+        self.training.start()
+        self.custody.start()
+        self.emit("sidecar.capability", {**self.monitor.status(), "custody": self.custody.status()})
         self._scheduler = Scheduler(self._jobs(), self._job_failed)
         self._scheduler.start()
         if self.config.synthetic_count:
@@ -160,6 +171,8 @@ class Sidecar:
             self._scheduler.stop()
         for t in self._threads:
             t.join(5.0)
+        self.custody.close()
+        self.training.close()
         self.monitor.close()
         try:
             self.emit("sidecar.stopping", {"boot_id": self.boot_id})
@@ -175,6 +188,8 @@ class Sidecar:
     def emit(self, kind: str, data: Optional[Mapping[str, Any]] = None,
              sev: Optional[str] = None) -> Event:
         """Journal, then publish. Thread-safe; returns the journaled event."""
+        if kind == "job.exited":
+            data, sev = self._final_status(dict(data or {}), sev)
         with self._emit_lock:
             published = self.journal.append(kind, data, sev)
             for _, frame in published:
@@ -222,6 +237,8 @@ class Sidecar:
             FunctionJob("heartbeat", self.config.heartbeat_s, self._heartbeat),
             FunctionJob("journal", 1.0, self._journal_tick),
             *self.monitor.jobs(),
+            *self.training.jobs(),
+            *self.custody.jobs(),
         ]
 
     def _heartbeat(self) -> None:
@@ -231,7 +248,32 @@ class Sidecar:
         data.update(self.counters)
         data.update(process.own_usage())
         data["monitor"] = self.monitor.status()
+        data["training"] = self.training.status()
+        data["custody"] = self.custody.status()
         self.emit("heartbeat", data)
+
+    def _final_status(self, data: Dict[str, Any],
+                      sev: Optional[str]) -> Tuple[Dict[str, Any], Optional[str]]:
+        """The job exited: let the training detectors read its last lines, then judge the run.
+
+        The run failed when the job did, and also when a durable checkpoint copy
+        failed, even if training exited 0. The verdict goes into the event and
+        into rgt/final.json. Runs outside the emit lock: the detectors emit too.
+        """
+        code = data.get("code")
+        self.training.on_job_exit(code if isinstance(code, int) else None)
+        reasons = []
+        if code != 0:
+            reasons.append(f"job exited with code {code}" if code is not None
+                           else "job exited without an exit code")
+        if self.custody.sync_failed:
+            reasons.append("a durable checkpoint copy failed (ckpt.sync_failed)")
+        data.update(final_ok=not reasons, final_reasons=reasons)
+        final = self.rgt_dir / "final.json"
+        tmp = final.with_name(f".final.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"ok": not reasons, "code": code, "reasons": reasons}) + "\n")
+        os.replace(tmp, final)
+        return data, ("info" if not reasons else "warn") if sev in (None, "info") else sev
 
     def _journal_tick(self) -> None:
         with self._emit_lock:

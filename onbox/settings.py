@@ -1,0 +1,76 @@
+"""What to watch in a run, from run.json's "watch" section (written by the launcher).
+
+Keeping these settings in run.json, not only on a command line, means a
+sidecar restarted by its supervisor (or started by hand later) watches the run
+exactly as the launch asked.
+
+    "watch": {"metrics": "metrics.jsonl", "log": "train.log", "log_regex": null,
+              "scalars": ["loss"], "stall_floor_s": 300, "stall_k": 2, "stall_grace_s": 900,
+              "expected_steps": null, "expected_seconds": null,
+              "ckpt_dir": "checkpoints", "durable_dir": null, "durable_policy": "all",
+              "stale_after_s": null}
+
+Relative paths are relative to the run dir.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+from .custody import CustodyConfig
+from .errors import ConfigError
+from .training import TrainingConfig
+
+KNOWN = {"metrics", "log", "log_regex", "scalars", "stall_floor_s", "stall_k", "stall_grace_s",
+         "expected_steps", "expected_seconds", "ckpt_dir", "durable_dir", "durable_policy",
+         "stale_after_s"}
+
+
+def load_watch(run_dir: Path, overrides: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """run.json's watch section with `overrides` on top; unknown keys are refused."""
+    try:
+        meta = json.loads((Path(run_dir) / "run.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    watch = dict(meta.get("watch") or {}) if isinstance(meta, dict) else {}
+    watch.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    unknown = set(watch) - KNOWN
+    if unknown:
+        raise ConfigError(f"unknown watch settings: {', '.join(sorted(unknown))} "
+                          f"(known: {', '.join(sorted(KNOWN))})")
+    return watch
+
+
+def _path(run_dir: Path, value: Any) -> Optional[Path]:
+    if value in (None, ""):
+        return None
+    p = Path(str(value))
+    return p if p.is_absolute() else Path(run_dir) / p
+
+
+def training_config(run_dir: Path, watch: Mapping[str, Any], job_pid: Optional[int]) -> TrainingConfig:
+    cfg = TrainingConfig(run_dir=Path(run_dir), metrics_path=_path(run_dir, watch.get("metrics")),
+                         log_path=_path(run_dir, watch.get("log")), log_regex=watch.get("log_regex"),
+                         stall=job_pid is not None,
+                         job_key=str(job_pid) if job_pid is not None else None)
+    if watch.get("scalars"):
+        cfg.watch = tuple(str(s) for s in watch["scalars"])
+    for key in ("stall_floor_s", "stall_k", "stall_grace_s", "expected_seconds"):
+        if watch.get(key) is not None:
+            setattr(cfg, key, float(watch[key]))
+    if watch.get("expected_steps") is not None:
+        cfg.expected_steps = int(watch["expected_steps"])
+    return cfg
+
+
+def custody_config(run_dir: Path, watch: Mapping[str, Any]) -> CustodyConfig:
+    cfg = CustodyConfig(run_dir=Path(run_dir), ckpt_dir=_path(run_dir, watch.get("ckpt_dir")),
+                        durable_dir=_path(run_dir, watch.get("durable_dir")))
+    if watch.get("durable_policy"):
+        if watch["durable_policy"] not in ("all", "last"):
+            raise ConfigError("durable_policy must be 'all' or 'last'")
+        cfg.durable_policy = str(watch["durable_policy"])
+    if watch.get("stale_after_s") is not None:
+        cfg.stale_after_s = float(watch["stale_after_s"])
+    return cfg

@@ -1,0 +1,186 @@
+"""Tail <run>/train.log (the job's stdout and stderr) into `Record`s.
+
+Lines end at "\\n" or "\\r" (a tqdm bar rewrites itself with "\\r"); ANSI colour codes are dropped.
+Each line is tried, in this order:
+
+1. the user's regex (`LogParser(regex=...)`), when given: on a match its named groups are the
+   record (groups named step/global_step/iter/iteration and epoch are the counters, the others
+   scalars) and nothing else is tried; a group that is not a number makes the line bad;
+2. a dict as the Hugging Face Trainer prints it, ``{'loss': 0.12, 'learning_rate': 5e-05, 'epoch':
+   0.5}``: read with `ast.literal_eval` (never eval) after bare ``nan``/``inf`` became strings and
+   ``np.float32(0.5)``-style wrappers their argument; JSON objects are read with `json` as a fallback.
+   A dict that reads as neither but names loss/epoch/learning_rate is a bad line; other
+   unreadable braces are just text;
+3. ``key=value`` and ``key: value`` pairs with a numeric value (``loss=0.5``, ``lr: 5e-05``,
+   ``loss=nan``), and the counters ``Epoch 3/10`` and ``step 120``. Keys are lower-cased.
+
+The tail itself is `onbox.sources.metrics.FileTail`.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+from onbox.errors import ConfigError
+from onbox.sources.metrics import (
+    MAX_NAME,
+    MAX_SCALARS,
+    FileTail,
+    Record,
+    SourceRead,
+    TailRead,
+    example_of,
+    record_from_mapping,
+    to_epoch,
+    to_number,
+    to_step,
+)
+
+MAX_DICT_CHARS = 16_384   # a longer {...} line is not literal_eval'ed
+MAX_DICT_DEPTH = 8        # nor one with more opening brackets than this
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_BARE_NONFINITE = re.compile(r"(?<![\w'\".])([-+]?(?:nan|inf|infinity))(?![\w'\"])", re.IGNORECASE)
+_WRAPPER = re.compile(
+    r"\b(?:np\.|numpy\.|torch\.)?(?:float\d*|int\d*|uint\d*|tensor)\(\s*([^(),]*?)\s*(?:,[^()]*)?\)")
+_METRIC_DICT = re.compile(r"['\"](?:\w*loss\w*|epoch|learning_rate)['\"]\s*:", re.IGNORECASE)
+_NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?(?![\d.])"
+_WORD = r"[-+]?(?:nan|inf(?:inity)?)\b"
+_PAIR = re.compile(r"(?<![\w./:-])([A-Za-z_][\w./-]{0,63})\s*[=:]\s*(" + _NUMBER + "|" + _WORD + ")",
+                   re.IGNORECASE)
+_COUNTER = re.compile(r"(?<![\w/])(epoch|step|iteration|iter)\s+(\d+)(?:\s*/\s*\d+)?(?![\w.])", re.IGNORECASE)
+_STEP_NAMES = ("step", "global_step", "iteration", "iter")
+
+
+def _literal(body: str) -> Optional[Any]:
+    """A Python literal or JSON value from `body`, or None when it is neither (never evaluates code)."""
+    if len(body) > MAX_DICT_CHARS or body.count("{") + body.count("[") > MAX_DICT_DEPTH:
+        return None
+    text = _BARE_NONFINITE.sub(r"'\1'", _WRAPPER.sub(r"\1", body))
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        pass
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+
+
+class LogParser:
+    """One train.log line -> (record or None, bad); see the module doc."""
+
+    def __init__(self, regex: Optional[str] = None) -> None:
+        self.regex: Optional[re.Pattern[str]] = None
+        if regex:
+            try:
+                self.regex = re.compile(regex)
+            except re.error as e:
+                raise ConfigError(f"log regex {regex!r} does not compile: {e}") from e
+            if not self.regex.groupindex:
+                raise ConfigError(f"log regex {regex!r} has no named groups (?P<name>...)")
+
+    def parse(self, text: str) -> Tuple[Optional[Record], bool]:
+        text = _ANSI.sub("", text).strip()
+        if not text:
+            return None, False
+        if self.regex is not None:
+            match = self.regex.search(text)
+            if match is not None:
+                return self._from_groups(match.groupdict())
+        start = text.find("{")
+        if start >= 0 and text.endswith("}") and ":" in text[start:]:
+            body = text[start:]
+            obj = _literal(body)
+            if isinstance(obj, dict):
+                return record_from_mapping(obj, "log"), False
+            if _METRIC_DICT.search(body):
+                return None, True
+        return self._from_pairs(text), False
+
+    def _from_groups(self, groups: Dict[str, Optional[str]]) -> Tuple[Optional[Record], bool]:
+        step: Optional[int] = None
+        epoch: Optional[float] = None
+        scalars: Dict[str, float] = {}
+        for name, value in groups.items():
+            if value is None:
+                continue
+            number = to_number(value)
+            if number is None:
+                return None, True
+            low = name.lower()
+            if low in _STEP_NAMES:
+                step = to_step(number)
+            elif low == "epoch":
+                epoch = to_epoch(number)
+            elif len(scalars) < MAX_SCALARS:
+                scalars[low[:MAX_NAME]] = number
+        if step is None and epoch is None and not scalars:
+            return None, False
+        return Record("log", step, epoch, scalars), False
+
+    @staticmethod
+    def _from_pairs(text: str) -> Optional[Record]:
+        step: Optional[int] = None
+        epoch: Optional[float] = None
+        scalars: Dict[str, float] = {}
+        for match in _COUNTER.finditer(text):
+            name, value = match.group(1).lower(), match.group(2)
+            if name == "epoch":
+                epoch = to_epoch(value)
+            else:
+                step = to_step(value)
+        for match in _PAIR.finditer(text):
+            name, number = match.group(1).lower(), to_number(match.group(2))
+            if number is None:
+                continue
+            if name in _STEP_NAMES:
+                step = to_step(number)
+            elif name == "epoch":
+                epoch = to_epoch(number)
+            elif len(scalars) < MAX_SCALARS:
+                scalars[name[:MAX_NAME]] = number
+        if step is None and epoch is None and not scalars:
+            return None
+        return Record("log", step, epoch, scalars)
+
+
+class LogSource:
+    """train.log -> `Record`s. Bad lines are only dict lines that could not be read."""
+
+    name = "log"
+
+    def __init__(self, path: Path, regex: Optional[str] = None, **tail: Any) -> None:
+        tail.setdefault("newlines", b"\r\n")
+        self.tail = FileTail(path, **tail)
+        self.parser = LogParser(regex)
+        self.bad_lines = 0
+        self.bad_example: Optional[str] = None
+
+    def read(self, got: TailRead) -> SourceRead:
+        out = SourceRead(new_bytes=got.new_bytes, mtime=got.mtime)
+        for line in got.lines:
+            record, bad = self.parser.parse(line.decode("utf-8", "replace"))
+            if bad:
+                out.bad += 1
+                if self.bad_example is None:
+                    self.bad_example = example_of(line)
+            elif record is not None:
+                out.records.append(Record(self.name, record.step, record.epoch, record.scalars))
+        self.bad_lines += out.bad
+        return out
+
+    def poll(self) -> SourceRead:
+        return self.read(self.tail.poll())
+
+    def drain(self) -> SourceRead:
+        return self.read(self.tail.drain())
+
+    def close(self) -> None:
+        self.tail.close()
+
+
+__all__ = ["LogParser", "LogSource"]
