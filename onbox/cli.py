@@ -156,6 +156,140 @@ def xids(source: str, as_json: bool) -> None:
         raise click.exceptions.Exit(code)
 
 
+_root_option = click.option(
+    "--root", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="Where runs live: <root>/<project>/active/<run-id> (default: $RGT_ROOT, else ~/rgt-runs).")
+
+
+@main.command(context_settings={"allow_interspersed_args": False})
+@_root_option
+@click.option("--project", default=None,
+              help="Project name (default: an existing run's, else this directory's name).")
+@click.option("--run-id", default=None,
+              help="Run id (default: UTC time + random). An existing run id is resumed in place.")
+@click.option("--profile", default=None, help="Platform profile name (recorded in run.json).")
+@click.option("--ckpt-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the job writes checkpoints: RGT_CKPT_DIR (default: <run>/checkpoints).")
+@click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The job's metrics file: RGT_METRICS (default: <run>/metrics.jsonl).")
+@click.option("--durable-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Storage that outlives the box: checkpoints are copied there and re-hashed.")
+@click.option("--durable-policy", type=click.Choice(["all", "last"]), default=None,
+              help="Copy every checkpoint (all, the default) or keep copying the newest (last).")
+@click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]",
+              help="Set for the job (repeatable); NAME alone passes it on from this environment, "
+                   "the way to hand over a secret. Names are recorded, never values.")
+@click.option("--watch-scalar", "scalars", multiple=True, metavar="NAME",
+              help="A metric to watch (repeatable; default: loss): non-finite, spikes, stuck at 0.")
+@click.option("--log-regex", default=None,
+              help="Regex with named groups (step, epoch, scalars) for train.log.")
+@click.option("--stall-floor", "stall_floor_s", type=click.FloatRange(min=0.05), default=None,
+              metavar="SECONDS", help="Shortest silence that counts as a stall (default 300).")
+@click.option("--stall-grace", "stall_grace_s", type=click.FloatRange(min=0), default=None,
+              metavar="SECONDS", help="Start-up time before the first steps (default 900).")
+@click.option("--expected-steps", type=click.IntRange(min=1), default=None,
+              help="Warn when the job finishes far sooner.")
+@click.option("--expected-seconds", type=click.FloatRange(min=1), default=None,
+              help="Warn when the job finishes far sooner.")
+@click.option("--stale-after", "stale_after_s", type=click.FloatRange(min=1), default=None,
+              metavar="SECONDS", help="Warn when no good checkpoint is this old.")
+@click.option("--no-preflight", is_flag=True, help="Launch without the pre-flight health check.")
+@click.option("--min-free", default="1GiB", show_default=True,
+              help="Free disk kept on top of the checkpoint budget.")
+@click.option("--ckpt-copies", type=click.FloatRange(min=0), default=3.0, show_default=True,
+              help="Free disk needed, in sizes of the newest checkpoint.")
+@click.option("--sidecar-linger", default="5m", show_default=True,
+              help="Keep the sidecar serving this long after the job's exit is reported.")
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object: run_id, run_dir, pid, sidecar_supervisor_pid, ...")
+@click.option("--probe", default="auto", hidden=True, metavar="auto|none|fake:SCENARIO",
+              help="GPU source of the pre-flight and the sidecar (tests and demos).")
+@click.option("--preflight-seconds", type=click.FloatRange(min=0.5, max=600), default=3.0, hidden=True)
+@click.option("--serve-arg", "serve_args", multiple=True, hidden=True,
+              help="Extra `rgt-onbox serve` argument (tests: --heartbeat 1).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], profile: Optional[str],
+           ckpt_dir: Optional[Path], metrics: Optional[Path], durable_dir: Optional[Path],
+           durable_policy: Optional[str], env: Tuple[str, ...], scalars: Tuple[str, ...],
+           log_regex: Optional[str], stall_floor_s: Optional[float], stall_grace_s: Optional[float],
+           expected_steps: Optional[int], expected_seconds: Optional[float],
+           stale_after_s: Optional[float], no_preflight: bool, min_free: str, ckpt_copies: float,
+           sidecar_linger: str, as_json: bool, probe: str, preflight_seconds: float,
+           serve_args: Tuple[str, ...], command: Tuple[str, ...]) -> None:
+    """Start COMMAND detached, with its sidecar, and return.
+
+        rgt-onbox launch [OPTIONS] -- python train.py --lr 3e-4
+
+    Makes <root>/<project>/active/<run-id> (run.json, train.log, rgt/), refuses when the
+    disk cannot hold the run, the pre-flight fails or the run is still running, and starts
+    the job in its own session with RGT_RUN_ID, RGT_RUN_DIR, RGT_CKPT_DIR, RGT_METRICS and
+    RGT_RESUME_FROM set. Never put a secret in COMMAND: export it and pass --env NAME.
+    Exit 0 launched, 1 failed, 2 bad usage, 3 refused.
+    """
+    from .launch import LaunchOptions, run_launch
+    from .runs import parse_duration, parse_size
+
+    try:
+        min_free_bytes = parse_size(min_free)
+        linger_s = parse_duration(sidecar_linger)
+    except ValueError as e:
+        raise _fail(str(e), code=2) from None
+    watch = {"scalars": list(scalars) or None, "log_regex": log_regex, "stall_floor_s": stall_floor_s,
+             "stall_grace_s": stall_grace_s, "expected_steps": expected_steps,
+             "expected_seconds": expected_seconds, "stale_after_s": stale_after_s,
+             "durable_policy": durable_policy}
+    opts = LaunchOptions(
+        command=list(command), root=root, project=project, run_id=run_id, profile=profile,
+        ckpt_dir=ckpt_dir, metrics=metrics, durable_dir=durable_dir, env=list(env),
+        preflight=not no_preflight, preflight_s=preflight_seconds, probe=probe,
+        min_free_bytes=min_free_bytes, ckpt_copies=ckpt_copies, sidecar_linger_s=linger_s,
+        serve_args=list(serve_args), watch=watch)
+    code = run_launch(opts, as_json, sys.stdout, sys.stderr)
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+@main.command()
+@click.argument("run")
+@_root_option
+@click.option("--grace", default="30s", show_default=True, help="Time between SIGTERM and SIGKILL.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: the outcome and the exit.")
+def stop(run: str, root: Optional[Path], grace: str, as_json: bool) -> None:
+    """Stop RUN's job: SIGTERM to its process group, SIGKILL what is left after --grace.
+
+    RUN is a run id, <project>/<run-id> or a run directory. Only the job this run
+    recorded (pid and start time) is signalled, never the sidecar; rgt/stop.json says the
+    stop was asked for. Exit 0 when stopped (or not running), 1 when it cannot be.
+    """
+    from .runs import default_root, parse_duration, render_stop, resolve_run, stop_run
+
+    try:
+        grace_s = parse_duration(grace)
+    except ValueError as e:
+        raise _fail(str(e), code=2) from None
+    try:
+        result = stop_run(resolve_run(root or default_root(), run), grace_s)
+    except OnboxError as e:
+        raise _fail(str(e), "rgt-onbox ps lists the runs on this box") from None
+    except PermissionError as e:
+        raise _fail(f"not allowed to signal the job: {e}") from None
+    render_stop(result, as_json, sys.stdout)
+    if result.outcome == "refused":
+        raise click.exceptions.Exit(1)
+
+
+@main.command()
+@_root_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: {root, runs: [...]}.")
+def ps(root: Optional[Path], as_json: bool) -> None:
+    """Runs on this box: state (running, stopping, exited code N, vanished), job pid,
+    sidecar up/down, last event seq."""
+    from .runs import default_root, list_runs, render_ps
+
+    where = root or default_root()
+    render_ps(list_runs(where), where, as_json, sys.stdout)
+
+
 def _install_signals(stop: Any) -> None:
     """One place for signals: TERM/INT stop cleanly, HUP is ignored (SSH logout),
     XFSZ is ignored so RLIMIT_FSIZE gives EFBIG (handled) instead of killing us."""

@@ -1,0 +1,578 @@
+"""`rgt-onbox launch`: start one training job, detached, with its sidecar, under gates.
+
+    launch(LaunchOptions(command=[...], ...)) -> LaunchResult
+
+In order: work out the run (id, project, `<root>/<project>/active/<run-id>`; a bare `--run-id` that
+exists under another project is that run), refuse when the disk cannot hold it (free space below
+`ckpt_copies` x the newest checkpoint's size plus `min_free_bytes`, and too few free inodes), run the
+pre-flight health check (a FAIL refuses; the report goes to rgt/preflight.json), take the run's
+launch lock, refuse while the run's job still runs (recorded pid AND start time), retire the previous
+attempt of a relaunched run (its supervisor is stopped and its exit/stop/job records move to
+rgt/attempts/<n>/), write run.json atomically (command redacted, environment by name only), start
+the job wrapper (onbox/supervise.py `job`, its own session) and wait for rgt/job.json, then start the
+sidecar supervisor (`sidecar`, its own session) and wait for rgt/supervisor.pid.
+
+The job gets RGT_RUN_ID, RGT_RUN_DIR, RGT_CKPT_DIR, RGT_METRICS, RGT_RESUME_FROM (the manifest's
+newest good checkpoint, only when there is one), RGT_DURABLE_DIR (when given) and PYTHONUNBUFFERED=1
+on top of the launcher's environment and the `--env NAME=VALUE` (or `--env NAME`: passed on from
+the launcher's environment, the way to hand over a secret) pairs. The wrapper receives the job's
+argv and environment through a pipe, so neither lands in any command line we create; the wrapper and
+supervisor themselves run without the launcher's secret-named variables.
+
+Exit codes of `run_launch` (what the CLI returns): 0 launched, 1 failed, 2 bad usage, 3 refused by a
+gate (disk, pre-flight, still running, another launch of the run in progress).
+"""
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import io
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from protocol import PACKAGE_VERSION
+
+from onbox import manifest
+from onbox.errors import OnboxError
+from onbox.redact import contains_secret, is_secret_name, redact_argv, redact_text, secret_values
+from onbox.runs import (
+    SAFE_ID,
+    JobRecord,
+    ProcRef,
+    RunPaths,
+    default_root,
+    end_process,
+    human_bytes,
+    nearest_existing,
+    newest_checkpoint_in,
+    newest_checkpoint_of,
+    read_json,
+    utc_iso,
+    wait_for,
+    write_atomic,
+    write_json_atomic,
+)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
+RESERVED_ENV = ("RGT_RUN_ID", "RGT_RUN_DIR", "RGT_CKPT_DIR", "RGT_METRICS", "RGT_RESUME_FROM",
+                "RGT_DURABLE_DIR")
+MIN_FREE_INODES = 1024
+START_TIMEOUT_S = 15.0
+RETIRE_TIMEOUT_S = 15.0
+# Per-attempt records that move to rgt/attempts/<n>/ when a run is launched again.
+ATTEMPT_FILES = ("exit.json", "stop.json", "job.json", "job.pid", "preflight.json", "supervisor.json",
+                 "supervisor.pid", "job.announced", "job.exit_reported")
+
+Health = Callable[..., int]
+Stat = Callable[[str], Any]
+
+
+class LaunchError(OnboxError):
+    """The launch failed; `hint` says what to do. `exit_code` is what the CLI returns."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+class LaunchUsageError(LaunchError):
+    exit_code = EXIT_USAGE
+
+
+class LaunchRefused(LaunchError):
+    """A gate said no: disk budget, pre-flight FAIL, the run still running, a launch in progress."""
+
+    exit_code = EXIT_REFUSED
+
+
+@dataclasses.dataclass
+class LaunchOptions:
+    command: Sequence[str]
+    root: Optional[Path] = None            # default $RGT_ROOT or ~/rgt-runs
+    project: Optional[str] = None          # default: the run's existing project, else cwd's name
+    run_id: Optional[str] = None           # default: UTC timestamp + 6 hex digits
+    profile: Optional[str] = None          # recorded; profiles come later
+    ckpt_dir: Optional[Path] = None        # default <run>/checkpoints
+    metrics: Optional[Path] = None         # default <run>/metrics.jsonl
+    durable_dir: Optional[Path] = None     # recorded and exported as RGT_DURABLE_DIR
+    env: Sequence[str] = ()                # "NAME=VALUE" or "NAME" (from our environment) for the job
+    cwd: Optional[Path] = None             # default: the launcher's
+    preflight: bool = True
+    preflight_s: float = 3.0
+    probe: str = "auto"                    # GPU source of the pre-flight and the sidecar
+    min_free_bytes: int = 1 << 30
+    ckpt_copies: float = 3.0
+    sidecar: bool = True
+    sidecar_linger_s: float = 300.0
+    serve_args: Sequence[str] = ()         # extra `rgt-onbox serve` options (tests: --heartbeat 1)
+    watch: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # run.json "watch" (settings.py)
+
+
+@dataclasses.dataclass
+class LaunchResult:
+    run_id: str
+    project: str
+    run_dir: Path
+    pid: int                               # the job wrapper: what the sidecar watches
+    job_pid: Optional[int]
+    sidecar_supervisor_pid: Optional[int]
+    attempt: int
+    command: List[str]                     # redacted
+    resume_from: Optional[Path] = None
+    preflight: str = "skipped"
+    warnings: List[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def train_log(self) -> Path:
+        return self.run_dir / "train.log"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "pid": self.pid,
+                "sidecar_supervisor_pid": self.sidecar_supervisor_pid, "project": self.project,
+                "job_pid": self.job_pid, "attempt": self.attempt, "train_log": str(self.train_log),
+                "resume_from": str(self.resume_from) if self.resume_from else None,
+                "preflight": self.preflight, "warnings": self.warnings}
+
+
+@dataclasses.dataclass
+class _Plan:
+    run_id: str
+    project: str
+    paths: RunPaths
+    cwd: Path
+    ckpt_dir: Path
+    metrics: Path
+    durable_dir: Optional[Path]
+    env_set: Dict[str, str]
+    secrets: List[str]
+    existing: bool
+
+
+# ---- planning -----------------------------------------------------------------------------------
+
+
+def new_run_id(now: Optional[float] = None) -> str:
+    """20240601T120000Z-1a2b3c: sorts by start time, unique enough, safe everywhere."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def _safe_name(text: str, fallback: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")[:64]
+    return name if name and SAFE_ID.match(name) else fallback
+
+
+def _checked(value: str, what: str) -> str:
+    if not SAFE_ID.match(value):
+        raise LaunchUsageError(f"{what} {value!r} must be 1-128 of A-Z a-z 0-9 . _ - (starting alphanumeric)")
+    return value
+
+
+def _env_pairs(pairs: Sequence[str], environ: Mapping[str, str]) -> Dict[str, str]:
+    """`--env NAME=VALUE`, or `--env NAME` to pass NAME on from the launcher's environment."""
+    out: Dict[str, str] = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            raise LaunchUsageError(f"--env takes NAME=VALUE or NAME, got {name[:20]!r}...")
+        if name in RESERVED_ENV:
+            raise LaunchUsageError(f"--env {name} is set by the launcher itself")
+        if not eq and name not in environ:
+            raise LaunchUsageError(f"--env {name}: not set in this environment")
+        out[name] = value if eq else environ[name]
+    return out
+
+
+def _env_warnings(pairs: Sequence[str]) -> List[str]:
+    return [f"--env {name} with a value puts a secret on a command line; export {name}, pass --env {name}"
+            for name, eq, _ in (p.partition("=") for p in pairs) if eq and is_secret_name(name)]
+
+
+def _plan(opts: LaunchOptions, environ: Mapping[str, str]) -> _Plan:
+    if not opts.command:
+        raise LaunchUsageError("no command to run", "rgt-onbox launch [OPTIONS] -- python train.py ...")
+    root = Path(opts.root).expanduser() if opts.root else default_root(dict(environ))
+    root = root.resolve()
+    cwd = Path(opts.cwd or os.getcwd()).resolve()
+    run_id = _checked(opts.run_id, "run id") if opts.run_id else new_run_id()
+    project = _checked(opts.project, "project") if opts.project else None
+    if project is None and opts.run_id:
+        found = sorted(p.parent.parent.name for p in root.glob(f"*/active/{run_id}") if p.is_dir())
+        if len(found) > 1:
+            raise LaunchUsageError(f"run {run_id} exists in several projects ({', '.join(found)})",
+                                   "name the one to resume with --project")
+        project = found[0] if found else None
+    project = project or _safe_name(cwd.name, "default")
+    paths = RunPaths(root / project / "active" / run_id)
+    env_set = _env_pairs(opts.env, environ)
+    found_secrets = secret_values({**environ, **env_set})
+    return _Plan(run_id=run_id, project=project, paths=paths, cwd=cwd,
+                 ckpt_dir=Path(opts.ckpt_dir).expanduser().resolve() if opts.ckpt_dir
+                 else paths.run_dir / "checkpoints",
+                 metrics=Path(opts.metrics).expanduser().resolve() if opts.metrics
+                 else paths.run_dir / "metrics.jsonl",
+                 durable_dir=Path(opts.durable_dir).expanduser().resolve() if opts.durable_dir else None,
+                 env_set=env_set, secrets=found_secrets, existing=paths.run_dir.exists())
+
+
+# ---- the disk budget gate -----------------------------------------------------------------------
+
+
+def newest_checkpoint(plan: _Plan, siblings: int = 20) -> Optional[Tuple[Path, int]]:
+    """This run's newest checkpoint, else the newest of the project's most recent runs that has one."""
+    if plan.existing:
+        found = newest_checkpoint_of(plan.paths.run_dir, plan.ckpt_dir)
+    else:
+        found = newest_checkpoint_in(plan.ckpt_dir)
+    if found is not None:
+        return found
+    active = plan.paths.run_dir.parent
+    try:
+        others = sorted((p for p in active.iterdir() if p.is_dir() and p != plan.paths.run_dir),
+                        key=lambda p: p.stat().st_mtime, reverse=True)[:siblings]
+    except OSError:
+        return None
+    for other in others:
+        found = newest_checkpoint_of(other)
+        if found is not None:
+            return found
+    return None
+
+
+def check_disk(plan: _Plan, copies: float, margin: int, stat: Stat = os.statvfs) -> str:
+    """Raise LaunchRefused when the disk cannot hold the run; returns a one-line summary."""
+    ckpt = newest_checkpoint(plan)
+    ckpt_bytes = ckpt[1] if ckpt else 0
+    need = int(copies * ckpt_bytes) + margin
+    where = nearest_existing(plan.ckpt_dir)
+    st = stat(str(where))
+    free = int(st.f_bavail) * int(st.f_frsize)
+    basis = (f"{copies:g} x {human_bytes(ckpt_bytes)} (newest checkpoint {ckpt[0]}) + "
+             f"{human_bytes(margin)} margin" if ckpt else f"{human_bytes(margin)} margin (no checkpoint yet)")
+    hint = "free space (df -h), or set --min-free / --ckpt-copies if you know the run needs less"
+    if free < need:
+        raise LaunchRefused(f"not enough disk at {where}: {human_bytes(free)} free, need {human_bytes(need)} "
+                            f"= {basis}", hint)
+    if int(st.f_files) > 0 and int(st.f_favail) < MIN_FREE_INODES:
+        raise LaunchRefused(f"out of inodes at {where}: {int(st.f_favail)} free (df -i)",
+                            "delete small files (caches, old logs) on that filesystem")
+    run_fs = nearest_existing(plan.paths.run_dir)
+    if os.stat(run_fs).st_dev != os.stat(where).st_dev:
+        st2 = stat(str(run_fs))
+        free2 = int(st2.f_bavail) * int(st2.f_frsize)
+        if free2 < margin:
+            raise LaunchRefused(f"not enough disk at {run_fs}: {human_bytes(free2)} free, need "
+                                f"{human_bytes(margin)} for logs and the journal", hint)
+    return f"{human_bytes(free)} free at {where}, need {human_bytes(need)}"
+
+
+# ---- the pre-flight -----------------------------------------------------------------------------
+
+
+def run_preflight(plan: _Plan, opts: LaunchOptions, health: Optional[Health]) -> Dict[str, Any]:
+    """The health report (dict); raises LaunchRefused on FAIL, saving the report when the run exists."""
+    if health is None:
+        from onbox.health import run_health
+        health = run_health
+    buf = io.StringIO()
+    try:
+        health(None, opts.preflight_s, True, nearest_existing(plan.paths.run_dir), buf, gpu=opts.probe)
+    except OnboxError as e:  # an unknown probe spec
+        raise LaunchUsageError(f"pre-flight: {e}") from e
+    try:
+        report = json.loads(buf.getvalue())
+    except ValueError as e:
+        raise LaunchError(f"the pre-flight check printed no report: {e}") from e
+    if report.get("result") == "FAIL":
+        if plan.paths.rgt.is_dir():
+            write_json_atomic(plan.paths.preflight_json, report)
+        failed = [f"{c.get('check')}{'' if c.get('gpu') is None else ' GPU ' + str(c.get('gpu'))}: "
+                  f"{c.get('detail')}" for c in report.get("checks", []) if c.get("status") == "FAIL"]
+        raise LaunchRefused("pre-flight FAIL: " + "; ".join(failed),
+                            "`rgt-onbox health` shows the whole report; --no-preflight launches anyway")
+    return dict(report)
+
+
+# ---- the run directory --------------------------------------------------------------------------
+
+
+def _take_lock(paths: RunPaths) -> int:
+    fd = os.open(paths.launch_lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LaunchRefused(f"another launch of {paths.run_dir.name} is in progress") from None
+    return fd
+
+
+def _retire_previous(paths: RunPaths) -> int:
+    """Stop the previous attempt's supervisor, file its records under rgt/attempts/<n>/; the new attempt."""
+    prev = read_json(paths.run_json) or {}
+    sup = read_json(paths.supervisor_json) or {}
+    end_process(ProcRef.from_dict(sup), RETIRE_TIMEOUT_S)
+    end_process(ProcRef.from_dict(sup.get("sidecar")), RETIRE_TIMEOUT_S)
+    done = sorted(int(p.name) for p in paths.attempts.glob("*") if p.name.isdigit()) \
+        if paths.attempts.is_dir() else []
+    recorded = prev.get("attempt")
+    last = max([recorded if isinstance(recorded, int) else 0, *done,
+                1 if paths.job_json.exists() or paths.exit_json.exists() else 0])
+    present = [name for name in ATTEMPT_FILES if (paths.rgt / name).exists()]
+    if present or prev:
+        dest = paths.attempts / str(last)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in present:
+            os.replace(paths.rgt / name, dest / name)
+        if paths.run_json.exists():
+            shutil.copy2(paths.run_json, dest / "run.json")
+    return last + 1
+
+
+def _refuse_if_running(paths: RunPaths) -> None:
+    job = JobRecord.read(paths)
+    if job is not None and job.alive() and paths.exit_json.exists():
+        wait_for(lambda: not job.alive(), 5.0)  # the wrapper is just writing its last log line
+    if job is not None and job.alive():
+        pid = job.wrapper.pid if job.wrapper else job.job.pid if job.job else "?"
+        raise LaunchRefused(f"run {paths.run_dir.name} is still running (pid {pid})",
+                            f"stop it first: rgt-onbox stop {paths.run_dir.name}")
+
+
+def _git(cwd: Path, *args: str) -> Optional[str]:
+    try:
+        done = subprocess.run(["git", "-C", str(cwd), *args], stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=3, check=False,
+                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0"})
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.decode(errors="replace").strip() if done.returncode == 0 else None
+
+
+def _job_python(argv: Sequence[str], env: Mapping[str, str]) -> Optional[str]:
+    path = env.get("PATH")
+    if re.match(r"^python[0-9.]*$", os.path.basename(argv[0])):
+        return shutil.which(argv[0], path=path) or argv[0]
+    return shutil.which("python3", path=path) or shutil.which("python", path=path)
+
+
+def _host() -> str:
+    return _safe_name(os.uname().nodename.split(".")[0], "host")
+
+
+def _job_env(plan: _Plan, environ: Mapping[str, str], resume: Optional[Path]) -> Dict[str, str]:
+    env = {k: v for k, v in environ.items() if k not in RESERVED_ENV}
+    env.update(plan.env_set)
+    env.update({"RGT_RUN_ID": plan.run_id, "RGT_RUN_DIR": str(plan.paths.run_dir),
+                "RGT_CKPT_DIR": str(plan.ckpt_dir), "RGT_METRICS": str(plan.metrics),
+                "PYTHONUNBUFFERED": "1"})
+    if resume is not None:
+        env["RGT_RESUME_FROM"] = str(resume)
+    if plan.durable_dir is not None:
+        env["RGT_DURABLE_DIR"] = str(plan.durable_dir)
+    return env
+
+
+def _run_json(plan: _Plan, opts: LaunchOptions, display: List[str], env: Mapping[str, str],
+              attempt: int, resume: Optional[Path], preflight: str) -> str:
+    prev = read_json(plan.paths.run_json) or {}
+    sha = _git(plan.cwd, "rev-parse", "HEAD")
+    dirty = _git(plan.cwd, "status", "--porcelain", "--untracked-files=no") if sha else None
+    doc = {
+        "v": 1, "id": plan.run_id, "project": plan.project, "command": display,
+        "command_line": shlex.join(display), "cwd": str(plan.cwd), "profile": opts.profile,
+        "host": _host(), "started_at": prev.get("started_at") or utc_iso(), "launched_at": utc_iso(),
+        "attempt": attempt, "git_sha": sha, "git_dirty": None if dirty is None else bool(dirty),
+        "python": _job_python(opts.command, env), "launcher_python": sys.executable,
+        "env_names": sorted(env), "env_set": sorted(plan.env_set), "ckpt_dir": str(plan.ckpt_dir),
+        "metrics": str(plan.metrics), "durable_dir": str(plan.durable_dir) if plan.durable_dir else None,
+        "resume_from": str(resume) if resume else None, "preflight": preflight,
+        "package_version": PACKAGE_VERSION,
+        # What the sidecar watches (onbox/settings.py); a restarted sidecar reads it again.
+        "watch": {"metrics": str(plan.metrics), "ckpt_dir": str(plan.ckpt_dir),
+                  "durable_dir": str(plan.durable_dir) if plan.durable_dir else None,
+                  **{k: v for k, v in opts.watch.items() if v is not None}},
+    }
+    text = json.dumps(doc, indent=1) + "\n"
+    return redact_text(text, plan.secrets) if contains_secret(text, plan.secrets) else text
+
+
+# ---- starting the processes ---------------------------------------------------------------------
+
+
+def _quiet_env(environ: Mapping[str, str]) -> Dict[str, str]:
+    """The environment of the wrapper and the supervisor: the launcher's, without secret-named
+    variables, and able to import this very package (a checkout run without installing it too)."""
+    env = {k: v for k, v in environ.items() if not is_secret_name(k) and k not in RESERVED_ENV}
+    here = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [environ.get("PYTHONPATH")])])
+    return env
+
+
+def _log_tail(plan: _Plan, lines: int = 5) -> str:
+    try:
+        text = plan.paths.train_log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return redact_text(" | ".join(text), plan.secrets)[-500:]
+
+
+def _start_job(plan: _Plan, spec: Dict[str, Any], environ: Mapping[str, str],
+               python: str) -> JobRecord:
+    argv = [python, "-m", "onbox.supervise", "job", "--run-dir", str(plan.paths.run_dir)]
+    with open(plan.paths.train_log, "ab") as log:  # the wrapper's own errors land in train.log
+        proc = subprocess.Popen(argv, cwd=str(plan.paths.run_dir), env=_quiet_env(environ),
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log,
+                                start_new_session=True, close_fds=True)
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(json.dumps(spec).encode())
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+
+    def started() -> Optional[JobRecord]:
+        job = JobRecord.read(plan.paths)
+        if job is not None and job.wrapper is not None and job.wrapper.pid == proc.pid:
+            return job
+        return None
+
+    job = wait_for(lambda: started() or proc.poll() is not None, START_TIMEOUT_S, 0.02)
+    job = started()
+    if job is None:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        raise LaunchError(f"the job wrapper did not start (train.log: {_log_tail(plan)})",
+                          "see train.log in the run directory")
+    if job.job is None:
+        error = (read_json(plan.paths.exit_json) or {}).get("error", "")
+        raise LaunchError(redact_text(f"the job did not start: {error}", plan.secrets),
+                          "check the command and the working directory")
+    return job
+
+
+def _start_supervisor(plan: _Plan, opts: LaunchOptions, wrapper_pid: int, environ: Mapping[str, str],
+                      python: str) -> Tuple[Optional[int], List[str]]:
+    argv = [python, "-m", "onbox.supervise", "sidecar", "--run-dir", str(plan.paths.run_dir),
+            "--pid", str(wrapper_pid), "--linger", f"{opts.sidecar_linger_s:g}", "--",
+            "--gpu", opts.probe, *opts.serve_args]
+    with open(plan.paths.supervisor_log, "ab") as log:
+        proc = subprocess.Popen(argv, cwd=str(plan.paths.run_dir), env=_quiet_env(environ),
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+
+    def written() -> bool:
+        try:
+            return plan.paths.supervisor_pid.read_text().strip() == str(proc.pid)
+        except OSError:
+            return False
+
+    wait_for(lambda: written() or proc.poll() is not None, START_TIMEOUT_S, 0.02)
+    if written():
+        return proc.pid, []
+    return None, [f"the sidecar supervisor did not start (see {plan.paths.supervisor_log}); "
+                  "the job runs unwatched"]
+
+
+# ---- the whole launch ---------------------------------------------------------------------------
+
+
+def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, stat: Stat = os.statvfs,
+           health: Optional[Health] = None, python: str = sys.executable) -> LaunchResult:
+    """Start the job and its sidecar (see the module doc). Raises LaunchError and its kinds."""
+    environ = dict(os.environ if environ is None else environ)
+    plan = _plan(opts, environ)
+    display = redact_argv(opts.command, plan.secrets)
+    check_disk(plan, opts.ckpt_copies, opts.min_free_bytes, stat)
+    if plan.existing and plan.paths.rgt.is_dir():
+        _refuse_if_running(plan.paths)  # early, before the pre-flight's seconds; checked again locked
+    report = run_preflight(plan, opts, health) if opts.preflight else None
+    plan.paths.rgt.mkdir(parents=True, exist_ok=True)
+    lock_fd = _take_lock(plan.paths)
+    try:
+        _refuse_if_running(plan.paths)
+        attempt = _retire_previous(plan.paths)
+        if report is not None:
+            write_json_atomic(plan.paths.preflight_json, report)
+        plan.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        plan.metrics.parent.mkdir(parents=True, exist_ok=True)
+        resume = manifest.newest_good(plan.paths.run_dir)
+        env = _job_env(plan, environ, resume)
+        preflight = str(report.get("result")) if report else "skipped"
+        write_atomic(plan.paths.run_json, _run_json(plan, opts, display, env, attempt, resume, preflight))
+        spec = {"argv": list(opts.command), "cwd": str(plan.cwd), "env": env, "display": shlex.join(display),
+                "run_id": plan.run_id, "attempt": attempt}
+        job = _start_job(plan, spec, environ, python)
+        assert job.wrapper is not None
+        sup_pid, warnings = (_start_supervisor(plan, opts, job.wrapper.pid, environ, python)
+                             if opts.sidecar else (None, ["no sidecar (asked for)"]))
+    finally:
+        os.close(lock_fd)
+    warnings[:0] = _env_warnings(opts.env)
+    if display != list(opts.command):
+        warnings.insert(0, "the command holds secret-looking values (*** above); the job's command line "
+                           "is visible to every user of this box: pass them through the environment")
+    if report is not None and report.get("result") == "WARN":
+        warnings.insert(0, "pre-flight WARN: " + "; ".join(
+            str(c.get("detail")) for c in report.get("checks", []) if c.get("status") == "WARN")[:300])
+    return LaunchResult(run_id=plan.run_id, project=plan.project, run_dir=plan.paths.run_dir,
+                        pid=job.wrapper.pid, job_pid=job.job.pid if job.job else None,
+                        sidecar_supervisor_pid=sup_pid, attempt=attempt, command=display,
+                        resume_from=resume, preflight=preflight,
+                        warnings=[redact_text(w, plan.secrets) for w in warnings])
+
+
+def render_launch(result: LaunchResult, as_json: bool, out: IO[str]) -> None:
+    if as_json:
+        out.write(json.dumps(result.to_dict()) + "\n")
+        return
+    command = shlex.join(result.command).replace("\r", "\\r").replace("\n", "\\n")
+    rows = [("command", command), ("run dir", str(result.run_dir)),
+            ("train log", str(result.train_log)),
+            ("job pid", f"{result.pid} (wrapper; the job is pid {result.job_pid}, in its own process group)"),
+            ("sidecar", f"supervisor pid {result.sidecar_supervisor_pid}" if result.sidecar_supervisor_pid
+             else "not running")]
+    if result.resume_from:
+        rows.append(("resume", str(result.resume_from)))
+    rows.append(("preflight", result.preflight))
+    out.write(f"launched run {result.run_id} (project {result.project}, attempt {result.attempt})\n")
+    for name, value in rows:
+        out.write(f"  {name:<10} {value}\n")
+
+
+def run_launch(opts: LaunchOptions, as_json: bool, stdout: IO[str], stderr: IO[str],
+               **kwargs: Any) -> int:
+    """The CLI body: launch, print the result (or `error:`/`hint:` lines), return the exit code."""
+    try:
+        result = launch(opts, **kwargs)
+    except (LaunchError, OSError) as e:
+        pairs = dict(p.partition("=")[::2] for p in opts.env)
+        known = secret_values({**os.environ, **(kwargs.get("environ") or {}), **pairs})
+        stderr.write(f"error: {redact_text(str(e), known)}\n")
+        hint = e.hint if isinstance(e, LaunchError) else ""
+        if hint:
+            stderr.write(f"hint: {redact_text(hint, known)}\n")
+        return e.exit_code if isinstance(e, LaunchError) else EXIT_FAILED
+    render_launch(result, as_json, stdout)
+    for warning in result.warnings:
+        stderr.write(f"warning: {warning}\n")
+    if not as_json:
+        stderr.write(f"hint: follow it: tail -f {result.train_log}; stop it: rgt-onbox stop "
+                     f"{result.project}/{result.run_id}\n")
+    return EXIT_OK
+
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_REFUSED", "EXIT_USAGE", "LaunchError", "LaunchOptions",
+           "LaunchRefused", "LaunchResult", "LaunchUsageError", "check_disk", "launch", "new_run_id",
+           "newest_checkpoint", "render_launch", "run_launch", "run_preflight"]
