@@ -80,8 +80,27 @@ def _spawn_job(spec: Dict[str, Any], log_fd: int) -> subprocess.Popen:  # type: 
                             start_new_session=True, close_fds=True)
 
 
-def _exit_doc(rc: int, job_pid: int, started: float, stop_requested: bool) -> Dict[str, Any]:
-    return {"code": rc if rc >= 0 else None, "signal": -rc if rc < 0 else None, "oom_killed": False,
+def _oom_kills() -> Optional[int]:
+    """The oom_kill counter of this process's memory cgroup (the job inherits it); None if unreadable.
+
+    Read before the job starts and after it ends, this is the one reliable OOM witness: a job
+    killed within its first second is gone before any sidecar could take a baseline."""
+    from .sources.host import CgroupReader
+
+    try:
+        reader = CgroupReader()
+        where = reader.locate(os.getpid())
+        memory = reader.memory(where) if where is not None else None
+    except OSError:
+        return None
+    return memory.oom_kill if memory is not None else None
+
+
+def _exit_doc(rc: int, job_pid: int, started: float, stop_requested: bool,
+              oom_before: Optional[int] = None) -> Dict[str, Any]:
+    oom_after = _oom_kills() if oom_before is not None and rc == -signal.SIGKILL else None
+    oom_killed = oom_after is not None and oom_before is not None and oom_after > oom_before
+    return {"code": rc if rc >= 0 else None, "signal": -rc if rc < 0 else None, "oom_killed": oom_killed,
             "pid": job_pid, "ended_at": utc_iso(), "duration_s": round(time.time() - started, 3),
             "stop_requested": stop_requested}
 
@@ -119,6 +138,7 @@ def run_job(run_dir: Path, spec: Dict[str, Any]) -> int:
     display = str(spec.get("display", "")).replace("\r", "\\r").replace("\n", "\\n")  # one header line
     _log_line(log_fd, f"run {spec.get('run_id')} attempt {attempt}: {display}")
     started = time.time()
+    oom_before = _oom_kills()
     try:
         proc = _spawn_job(spec, log_fd)
     except OSError as e:
@@ -132,9 +152,10 @@ def run_job(run_dir: Path, spec: Dict[str, Any]) -> int:
     write_atomic(paths.job_pid, f"{os.getpid()}\n")
     _lower_oom_score()
     rc = proc.wait()
-    doc = _exit_doc(rc, proc.pid, started, paths.stop_json.exists())
+    doc = _exit_doc(rc, proc.pid, started, paths.stop_json.exists(), oom_before)
     write_json_atomic(paths.exit_json, doc)
     what = f"code {doc['code']}" if doc["signal"] is None else f"signal {doc['signal']}"
+    what += " (killed by the kernel's OOM killer)" if doc["oom_killed"] else ""
     _log_line(log_fd, f"job exited with {what} after {doc['duration_s']:.1f} s")
     os.close(log_fd)
     return rc if rc >= 0 else 128 + (-rc)
