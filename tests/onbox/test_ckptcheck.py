@@ -17,10 +17,12 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 import pytest
 import safetensors.numpy
-import torch
 
 from onbox import ckptcheck
 from onbox.ckptcheck import BAD, OK, UNCHECKED, check_path
+
+# The 3.9 run (make py39) has no torch wheel on this disk; there these modules skip.
+torch = pytest.importorskip("torch")
 
 
 def _write_st(path: Path, header: Dict[str, Any], data: bytes) -> Path:

@@ -22,13 +22,15 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 import numpy as np
 import pytest
 import safetensors.numpy
-import torch
 
 from onbox import manifest
 from onbox.custody import CustodyConfig, CustodyMonitor, is_temporary
 from onbox.errors import ConfigError
 from onbox.jobs import Scheduler
 from onbox.sources.checkpoints import Change, CheckpointWatcher, RateLimit, fs_type, is_network_fs
+
+# The 3.9 run (make py39) has no torch wheel on this disk; there these modules skip.
+torch = pytest.importorskip("torch")
 
 WAIT_S = 10.0
 

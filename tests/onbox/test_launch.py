@@ -480,12 +480,8 @@ def test_run_one_sh_passes_its_arguments_through(tmp_path: Path) -> None:
     assert usage.returncode == 2 and "usage:" in usage.stderr and not record.exists()
 
 
-def onbox_has_launch() -> bool:
-    from onbox.cli import main
-    return all(name in main.commands for name in ("launch", "stop", "ps"))  # type: ignore[attr-defined]
-
-
-@pytest.mark.skipif(not onbox_has_launch(), reason="rgt-onbox launch/stop/ps are not in onbox/cli.py yet")
+@pytest.mark.skipif(not (Path(sys.executable).parent / "rgt-onbox").exists(),
+                    reason="no rgt-onbox script beside this interpreter (the 3.9 run uses the checkout)")
 def test_run_one_sh_through_rgt_onbox(rig: Rig) -> None:
     onbox = str(Path(sys.executable).parent / "rgt-onbox")
     env = {**os.environ, "RGT_ONBOX": onbox, "RGT_ROOT": str(rig.root)}
