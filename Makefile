@@ -4,16 +4,15 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# Exactly the CPU wheel that lies on local disk; an unpinned torch is a ~3 GB CUDA build.
-TORCH := torch==2.13.0
+# torch: exactly the CPU wheel that lies on local disk (an unpinned torch is a ~3 GB CUDA build);
+# the [torch] extra pins the same version.
 
 .PHONY: demo test lint typecheck pytest py39 bench system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev,torch]"
+	$(BIN)/pip install -q -e ".[dev,torch]" "torch==2.13.0"
 	touch $(STAMP)
 
 # openssh-server and rsync back the end-to-end tests; installed only when

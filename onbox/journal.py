@@ -29,6 +29,8 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
 from protocol import Event, ProtocolError, decode_event, default_sev, encode_event
 
+from .fsutil import fsync_dir
+
 log = logging.getLogger(__name__)
 
 CURRENT = "events.jsonl"
@@ -295,7 +297,7 @@ class Journal:
         self._fd = new_fd
         self._size = 0
         self._first_seq_current = self._last_seq + 1
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     # ---- degraded mode ----------------------------------------------------
 
@@ -419,19 +421,6 @@ def _fast_seq(line: bytes) -> Optional[int]:
     if m and line.startswith(b'{"v":'):
         return int(m.group(1))
     return Journal._seq_of(line)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_all(directory: Path) -> List[Dict[str, Any]]:

@@ -21,6 +21,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
+from onbox.fsutil import fsync_dir
+
 PathLike = Union[str, "os.PathLike[str]"]
 _LOG_WARNED = False
 
@@ -71,19 +73,6 @@ def log(step: Optional[int] = None, epoch: Optional[float] = None, **scalars: An
         if not _LOG_WARNED:
             warnings.warn(f"rgt report.log cannot write {path}: {e}", RuntimeWarning, stacklevel=2)
         _LOG_WARNED = True
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the rename is still atomic
-    finally:
-        os.close(fd)
 
 
 def _target(name_or_path: PathLike, step: Optional[int]) -> Path:
@@ -154,7 +143,7 @@ def save(obj: Any, name_or_path: PathLike, *, fmt: str = "torch", step: Optional
         except OSError:
             pass
         raise
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     return final
 
 
@@ -241,7 +230,7 @@ def seed(seed: int, deterministic: bool = False) -> Dict[str, Any]:
             except OSError:
                 pass
             raise
-        _fsync_dir(rgt)
+        fsync_dir(rgt)
     return record
 
 

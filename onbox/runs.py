@@ -28,6 +28,7 @@ from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from onbox import manifest
 from onbox.errors import OnboxError
+from onbox.fsutil import write_atomic, write_json_atomic
 
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PROC = Path("/proc")
@@ -72,33 +73,6 @@ def read_json(path: Path) -> Optional[Dict[str, Any]]:
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write a file whole or not at all: a sibling temp file, fsync, rename, fsync the directory."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
-
-
-def write_json_atomic(path: Path, doc: Dict[str, Any]) -> None:
-    write_atomic(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
 def utc_iso(ts: Optional[float] = None) -> str:

@@ -34,6 +34,7 @@ from protocol.codec import PAGE_BYTES, request_id_of
 
 from .custody import CustodyMonitor
 from .errors import AlreadyServing, ConfigError
+from .fsutil import write_json_atomic
 from .jobs import FunctionJob, PeriodicJob, Scheduler
 from .journal import Journal
 from .monitor import HealthMonitor, MonitorConfig
@@ -269,10 +270,7 @@ class Sidecar:
         if self.custody.sync_failed:
             reasons.append("a durable checkpoint copy failed (ckpt.sync_failed)")
         data.update(final_ok=not reasons, final_reasons=reasons)
-        final = self.rgt_dir / "final.json"
-        tmp = final.with_name(f".final.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"ok": not reasons, "code": code, "reasons": reasons}) + "\n")
-        os.replace(tmp, final)
+        write_json_atomic(self.rgt_dir / "final.json", {"ok": not reasons, "code": code, "reasons": reasons})
         return data, ("info" if not reasons else "warn") if sev in (None, "info") else sev
 
     def _journal_tick(self) -> None:

@@ -19,7 +19,6 @@ watches or instances).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hashlib
 import io
 import logging
@@ -31,6 +30,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler  # noqa: TID251 (the watchdog seam)
 from watchdog.observers.polling import PollingObserver  # noqa: TID251 (the watchdog seam)
+
+from onbox.fsutil import fsync_dir as _fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -272,15 +273,8 @@ def copy_stream(src: Path, dst: Path, expect: Key, pace: RateLimit) -> Optional[
 
 
 def fsync_dir(path: Path) -> None:
-    """Make a rename in `path` durable; filesystems that cannot fsync a directory are let be."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
+    """Make a rename in `path` durable; a real I/O error is raised (see onbox.fsutil)."""
+    _fsync_dir(path, strict=True)
 
 
 def unlink_quietly(path: Path) -> None:

@@ -40,9 +40,9 @@ from tests.helpers import REPO, wait_until
 
 MIB = 1 << 20
 # The job waits for this file in its run dir: the test decides when it ends (not a sleep in the test).
-WAIT_GO = ("import os, time\n"
+WAIT_GO = ("import os, threading\n"
            "go = os.path.join(os.environ['RGT_RUN_DIR'], 'go')\n"
-           "while not os.path.exists(go): time.sleep(0.02)\n")
+           "while not os.path.exists(go): threading.Event().wait(0.02)\n")
 
 
 def py(code: str, *args: str) -> List[str]:
@@ -293,7 +293,7 @@ def test_refused_while_alive_then_relaunch_resumes_from_the_manifest(rig: Rig) -
 
 
 def test_a_recycled_pid_does_not_block_a_relaunch(rig: Rig) -> None:
-    sleeper = subprocess.Popen(py("import time\nwhile True: time.sleep(1)"), start_new_session=True)
+    sleeper = subprocess.Popen(py("import signal\nwhile True: signal.pause()"), start_new_session=True)
     try:
         ref = wait_until(lambda: ProcRef.of(sleeper.pid), 5, "the sleeper")
         run_dir = rig.track(rig.root / "p" / "active" / "old")
@@ -373,12 +373,12 @@ def test_preflight_fail_refuses_and_a_pass_is_recorded(rig: Rig) -> None:
 def test_stop_terms_the_group_then_kills_after_the_grace(rig: Rig) -> None:
     stubborn = ("import signal, subprocess, sys, time\n"
                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                "forever = 'import time\\nwhile True: time.sleep(1)'\n"
+                "forever = 'import signal\\nwhile True: signal.pause()'\n"
                 "child = subprocess.Popen([sys.executable, '-c', forever])\n"
                 "print('child', child.pid)\n"
-                "while True: time.sleep(1)\n")
+                "while True: signal.pause()\n")
     hard = rig.launch(py(stubborn), run_id="stubborn", sidecar=False)
-    soft = rig.launch(py("import time\nprint('up', 1)\nwhile True: time.sleep(1)"), run_id="soft",
+    soft = rig.launch(py("import signal\nprint('up', 1)\nwhile True: signal.pause()"), run_id="soft",
                       sidecar=False)
     child = int(wait_until(lambda: log_line(hard.run_dir, "child "), 10, "the stubborn job"))
     wait_until(lambda: log_line(soft.run_dir, "up "), 10, "the soft job")

@@ -28,7 +28,7 @@ from onbox.runs import (
 )
 from tests.helpers import wait_until
 
-SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
+SLEEPER = [sys.executable, "-c", "import signal\nwhile True: signal.pause()"]
 
 
 @pytest.fixture
