@@ -25,7 +25,7 @@ system-deps:
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/vermin -q --no-tips --violations -t=3.9- --eval-annotations --backport dataclasses protocol onbox
+	$(BIN)/vermin -q --no-tips --violations -t=3.9- --eval-annotations --backport dataclasses protocol onbox profiles
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --platform linux protocol onbox controller profiles
@@ -46,7 +46,7 @@ $(VENV39)/.installed:
 py39:
 	@if $(PY39) -c 'import sys; assert sys.version_info[:2] == (3, 9)' 2>/dev/null; then \
 		$(MAKE) --no-print-directory $(VENV39)/.installed && \
-		$(VENV39)/bin/python -m pytest -q -k "not fuzz" tests/protocol tests/onbox; \
+		$(VENV39)/bin/python -m pytest -q -k "not fuzz" tests/protocol tests/onbox tests/profiles; \
 	else echo "py39: no python3.9 here; vermin and ruff (target py39) are the 3.9 check"; fi
 
 test: lint typecheck pytest py39

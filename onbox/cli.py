@@ -167,7 +167,8 @@ _root_option = click.option(
               help="Project name (default: an existing run's, else this directory's name).")
 @click.option("--run-id", default=None,
               help="Run id (default: UTC time + random). An existing run id is resumed in place.")
-@click.option("--profile", default=None, help="Platform profile name (recorded in run.json).")
+@click.option("--profile", default=None,
+              help="Platform profile (profiles/NAME.toml): its interpreter, proxy hook and mirror variables.")
 @click.option("--ckpt-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the job writes checkpoints: RGT_CKPT_DIR (default: <run>/checkpoints).")
 @click.option("--metrics", type=click.Path(dir_okay=False, path_type=Path), default=None,

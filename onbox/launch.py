@@ -39,10 +39,12 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import profiles
 from protocol import PACKAGE_VERSION
 
 from onbox import manifest
 from onbox.errors import OnboxError
+from onbox.launchenv import apply_profile
 from onbox.redact import contains_secret, is_secret_name, redact_argv, redact_text, secret_values
 from onbox.runs import (
     SAFE_ID,
@@ -157,6 +159,7 @@ class _Plan:
     env_set: Dict[str, str]
     secrets: List[str]
     existing: bool
+    profile_record: Optional[Dict[str, object]] = None   # what --profile applied (run.json)
 
 
 # ---- planning -----------------------------------------------------------------------------------
@@ -370,6 +373,26 @@ def _host() -> str:
     return _safe_name(os.uname().nodename.split(".")[0], "host")
 
 
+def _load_profile(opts: LaunchOptions, environ: Mapping[str, str]) -> Optional[profiles.Profile]:
+    if not opts.profile:
+        return None
+    try:
+        return profiles.load(opts.profile, profiles.directory(environ))
+    except profiles.ProfileError as e:
+        raise LaunchUsageError(str(e), "rgt-onbox launch --profile NAME, NAME one of the profiles/") from e
+
+
+def _apply_profile(profile: Optional[profiles.Profile], opts: LaunchOptions, environ: Mapping[str, str],
+                   plan: _Plan, env: Dict[str, str]) -> Tuple[List[str], List[str]]:
+    """The job's argv under the profile (interpreter, proxy hook), its variables added to `env`."""
+    if profile is None:
+        return list(opts.command), []
+    applied = apply_profile(profile, opts.command, {**environ, **plan.env_set})
+    env.update(applied.env)
+    plan.profile_record = applied.record
+    return applied.argv, applied.notes
+
+
 def _job_env(plan: _Plan, environ: Mapping[str, str], resume: Optional[Path]) -> Dict[str, str]:
     env = {k: v for k, v in environ.items() if k not in RESERVED_ENV}
     env.update(plan.env_set)
@@ -397,6 +420,7 @@ def _run_json(plan: _Plan, opts: LaunchOptions, display: List[str], env: Mapping
         "env_names": sorted(env), "env_set": sorted(plan.env_set), "ckpt_dir": str(plan.ckpt_dir),
         "metrics": str(plan.metrics), "durable_dir": str(plan.durable_dir) if plan.durable_dir else None,
         "resume_from": str(resume) if resume else None, "preflight": preflight,
+        "profile_applied": plan.profile_record,
         "package_version": PACKAGE_VERSION,
         # What the sidecar watches (onbox/settings.py); a restarted sidecar reads it again.
         "watch": {"metrics": str(plan.metrics), "ckpt_dir": str(plan.ckpt_dir),
@@ -493,6 +517,7 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
     """Start the job and its sidecar (see the module doc). Raises LaunchError and its kinds."""
     environ = dict(os.environ if environ is None else environ)
     plan = _plan(opts, environ)
+    profile = _load_profile(opts, environ)  # a bad name is refused before anything starts
     display = redact_argv(opts.command, plan.secrets)
     check_disk(plan, opts.ckpt_copies, opts.min_free_bytes, stat)
     if plan.existing and plan.paths.rgt.is_dir():
@@ -509,9 +534,10 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
         plan.metrics.parent.mkdir(parents=True, exist_ok=True)
         resume = manifest.newest_good(plan.paths.run_dir)
         env = _job_env(plan, environ, resume)
+        argv, profile_notes = _apply_profile(profile, opts, environ, plan, env)
         preflight = str(report.get("result")) if report else "skipped"
         write_atomic(plan.paths.run_json, _run_json(plan, opts, display, env, attempt, resume, preflight))
-        spec = {"argv": list(opts.command), "cwd": str(plan.cwd), "env": env, "display": shlex.join(display),
+        spec = {"argv": argv, "cwd": str(plan.cwd), "env": env, "display": shlex.join(display),
                 "run_id": plan.run_id, "attempt": attempt}
         job = _start_job(plan, spec, environ, python)
         assert job.wrapper is not None
@@ -519,7 +545,7 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
                              if opts.sidecar else (None, ["no sidecar (asked for)"]))
     finally:
         os.close(lock_fd)
-    warnings[:0] = _env_warnings(opts.env)
+    warnings[:0] = _env_warnings(opts.env) + profile_notes
     if display != list(opts.command):
         warnings.insert(0, "the command holds secret-looking values (*** above); the job's command line "
                            "is visible to every user of this box: pass them through the environment")

@@ -1,0 +1,123 @@
+"""Platform profiles as data: profiles/<name>.toml, read with the standard library and validated.
+
+Imports nothing of ours. One schema, and a key it does not know is refused with the file, the key
+and its line. This first cut carries what the launcher applies (the `[scripts]` section: the
+interpreter, the proxy hook, mirror variables, the data and durable directories); the billing,
+teardown and dead-man facts of each platform extend the same schema.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised by the 3.9 run
+    import tomli as tomllib
+
+_HERE = Path(__file__).resolve().parent
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+
+# The schema: each key's type, or a nested table. "env" is a free table of NAME = "value".
+_SCHEMA: Dict[str, Any] = {
+    "name": str,
+    "kind": str,
+    "scripts": {
+        "python": str,
+        "proxy_hook": str,
+        "data_dir": str,
+        "durable_dir": str,
+        "env": "env",
+    },
+}
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used; the message names the file (and the key and line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Scripts:
+    python: Optional[str] = None        # the interpreter to run `python ...` commands with
+    proxy_hook: Optional[str] = None    # a shell file sourced before the job (e.g. a network accelerator)
+    data_dir: Optional[str] = None      # where runs and caches belong on this platform
+    durable_dir: Optional[str] = None   # storage that outlives the instance
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)  # e.g. HF_ENDPOINT mirrors
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    name: str
+    kind: str
+    scripts: Scripts
+    path: Path
+
+
+def directory(environ: Optional[Mapping[str, str]] = None) -> Path:
+    """$RGT_PROFILES_DIR when set (tests, a user's own profiles), else the packaged ones."""
+    env = os.environ if environ is None else environ
+    return Path(env["RGT_PROFILES_DIR"]) if env.get("RGT_PROFILES_DIR") else _HERE
+
+
+def names(where: Optional[Path] = None) -> List[str]:
+    # ruff.toml beside the profiles is this package's lint config, not a platform.
+    return sorted(p.stem for p in (where or _HERE).glob("*.toml") if p.stem != "ruff")
+
+
+def load(name: str, where: Optional[Path] = None) -> Profile:
+    if not _NAME.match(name) or name == "ruff":
+        raise ProfileError(f"profile name {name!r} must be lowercase letters, digits and dashes")
+    path = (where or _HERE) / f"{name}.toml"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        known = ", ".join(names(where)) or "none"
+        raise ProfileError(f"no profile {name!r} in {path.parent} (known: {known})") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(f"{path}: not valid TOML: {e}") from e
+    _check(doc, _SCHEMA, path, text, "")
+    for key in ("name", "kind"):
+        if key not in doc:
+            raise ProfileError(f"{path}: missing key {key!r}")
+    if doc["name"] != name:
+        raise ProfileError(f"{path}: name = {doc['name']!r} does not match the file name")
+    s = doc.get("scripts", {})
+    scripts = Scripts(python=s.get("python"), proxy_hook=s.get("proxy_hook"), data_dir=s.get("data_dir"),
+                      durable_dir=s.get("durable_dir"), env=dict(s.get("env", {})))
+    return Profile(name=doc["name"], kind=doc["kind"], scripts=scripts, path=path)
+
+
+def _line_of(text: str, key: str) -> int:
+    """The first line that defines `key` (as `key =` or in a table header); 0 when not found."""
+    pattern = re.compile(rf"^\s*(\[[^\]]*\b{re.escape(key)}\b[^\]]*\]|{re.escape(key)}\s*=)")
+    for number, line in enumerate(text.splitlines(), 1):
+        if pattern.match(line):
+            return number
+    return 0
+
+
+def _check(doc: Mapping[str, Any], schema: Mapping[str, Any], path: Path, text: str, prefix: str) -> None:
+    for key, value in doc.items():
+        where = f"{prefix}{key}"
+        if key not in schema:
+            allowed = ", ".join(sorted(schema))
+            raise ProfileError(
+                f"{path}:{_line_of(text, key)}: unknown key {where!r} (allowed here: {allowed})")
+        want = schema[key]
+        if isinstance(want, dict):
+            if not isinstance(value, dict):
+                raise ProfileError(f"{path}:{_line_of(text, key)}: {where!r} must be a table")
+            _check(value, want, path, text, f"{where}.")
+        elif want == "env":
+            if not isinstance(value, dict) or not all(
+                    isinstance(k, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k) and isinstance(v, str)
+                    for k, v in value.items()):
+                raise ProfileError(f"{path}:{_line_of(text, key)}: {where!r} must map NAME = \"value\"")
+        elif not isinstance(value, want):
+            raise ProfileError(f"{path}:{_line_of(text, key)}: {where!r} must be a {want.__name__}")

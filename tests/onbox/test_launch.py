@@ -31,6 +31,7 @@ from onbox.launch import (
     LaunchOptions,
     LaunchRefused,
     LaunchResult,
+    LaunchUsageError,
     launch,
     run_launch,
 )
@@ -505,3 +506,35 @@ def test_run_one_sh_through_rgt_onbox(rig: Rig) -> None:
                            env=env, capture_output=True, text=True, timeout=60, cwd=rig.cwd)
     assert again.returncode == 0 and "attempt 2" in again.stdout, again.stderr
     rig.finished(run_dir)
+
+
+def test_a_profile_sets_interpreter_proxy_hook_and_mirrors_without_overriding_the_user(
+        rig: Rig, tmp_path: Path) -> None:
+    hook = tmp_path / "network_turbo"
+    hook.write_text("export RGT_TEST_PROXY=on\n")
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "testcloud.toml").write_text(
+        'name = "testcloud"\nkind = "ssh-rental"\n[scripts]\n'
+        f'python = "{sys.executable}"\nproxy_hook = "{hook}"\n'
+        '[scripts.env]\nHF_ENDPOINT = "https://mirror.example"\nMY_MIRROR = "from-profile"\n')
+    show = ("import os, sys\n"
+            "print('exe', sys.executable)\n"
+            "for k in ('RGT_TEST_PROXY', 'HF_ENDPOINT', 'MY_MIRROR'): print(k, os.environ.get(k))\n")
+    environ = {**os.environ, "RGT_PROFILES_DIR": str(pdir), "MY_MIRROR": "from-user"}
+    res = rig.launch(["python3", "-c", show], environ=environ, profile="testcloud")
+    rig.finished(res.run_dir)
+    log = (res.run_dir / "train.log").read_text()
+    assert f"exe {sys.executable}" in log and "RGT_TEST_PROXY on" in log
+    assert "HF_ENDPOINT https://mirror.example" in log and "MY_MIRROR from-user" in log
+    applied = read_json(res.run_dir / "run.json")["profile_applied"]
+    assert applied == {"name": "testcloud", "python": sys.executable, "proxy_hook": str(hook),
+                       "env_names": ["HF_ENDPOINT"]}
+    assert "mirror.example" not in (res.run_dir / "run.json").read_text()  # names, never values
+
+
+def test_an_unknown_profile_is_refused_before_anything_starts(rig: Rig) -> None:
+    with pytest.raises(LaunchUsageError, match="no profile 'nope'"):
+        rig.launch(py("print(1)"), profile="nope", run_id="never")
+    assert not (rig.root / "p" / "active" / "never").exists()
+
