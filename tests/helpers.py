@@ -1,6 +1,7 @@
 """Small test helpers: deadline waits (never bare sleeps) and a sidecar process."""
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -8,7 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, TypeVar
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, TypeVar
 
 import zmq
 
@@ -128,3 +129,44 @@ class Client:
         self.dealer.close()
         self.sub.close()
         self.ctx.term()
+
+
+class Clock:
+    """A clock the test moves by hand: pass it where code takes `clock=` or `monotonic=`."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Recorder:
+    """An `emit(kind, data, sev)` callable that keeps every event and lets a test wait for one."""
+
+    wait_s = 10.0
+
+    def __init__(self) -> None:
+        self.events: List[Tuple[str, Dict[str, Any], Optional[str]]] = []
+        self.cond = threading.Condition()
+
+    def __call__(self, kind: str, data: Mapping[str, Any], sev: Optional[str]) -> None:
+        with self.cond:
+            self.events.append((kind, dict(data), sev))
+            self.cond.notify_all()
+
+    def of(self, kind: str, **match: Any) -> List[Dict[str, Any]]:
+        """The data of every `kind` event whose fields equal `match`."""
+        with self.cond:
+            return [d for k, d, _ in self.events
+                    if k == kind and all(d.get(a) == b for a, b in match.items())]
+
+    def wait_for(self, kind: str, count: int = 1, **match: Any) -> List[Dict[str, Any]]:
+        with self.cond:
+            ok = self.cond.wait_for(lambda: len(self.of(kind, **match)) >= count, timeout=self.wait_s)
+        assert ok, f"no {count} x {kind} {match} within {self.wait_s}s; got {self.kinds()}"
+        return self.of(kind, **match)
+
+    def kinds(self) -> Dict[str, int]:
+        return dict(collections.Counter(k for k, _, _ in self.events))
+

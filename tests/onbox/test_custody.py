@@ -6,7 +6,6 @@ Waits are bounded waits on emitted events or on `wait_idle`; settling is made fa
 """
 from __future__ import annotations
 
-import collections
 import hashlib
 import io
 import json
@@ -17,7 +16,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ from onbox.custody import CustodyConfig, CustodyMonitor, is_temporary
 from onbox.errors import ConfigError
 from onbox.jobs import Scheduler
 from onbox.sources.checkpoints import Change, CheckpointWatcher, RateLimit, fs_type, is_network_fs
+from tests.helpers import Recorder as BaseRecorder
 
 # The 3.9 run (make py39) has no torch wheel on this disk; there these modules skip.
 torch = pytest.importorskip("torch")
@@ -35,34 +35,10 @@ torch = pytest.importorskip("torch")
 WAIT_S = 10.0
 
 
-class Recorder:
-    """The emit callable: keeps (kind, data, sev) and lets a test wait for events."""
-
-    def __init__(self) -> None:
-        self.events: List[Tuple[str, Dict[str, Any], Optional[str]]] = []
-        self._cond = threading.Condition()
-
-    def __call__(self, kind: str, data: Mapping[str, Any], sev: Optional[str]) -> None:
-        with self._cond:
-            self.events.append((kind, dict(data), sev))
-            self._cond.notify_all()
-
-    def of(self, kind: str, **match: Any) -> List[Dict[str, Any]]:
-        with self._cond:
-            return [d for k, d, _ in self.events
-                    if k == kind and all(d.get(a) == b for a, b in match.items())]
-
-    def wait_for(self, kind: str, count: int = 1, **match: Any) -> List[Dict[str, Any]]:
-        with self._cond:
-            ok = self._cond.wait_for(lambda: len(self.of(kind, **match)) >= count, timeout=WAIT_S)
-        assert ok, f"no {count} x {kind} {match} within {WAIT_S}s; got {self.kinds()}"
-        return self.of(kind, **match)
-
-    def kinds(self) -> Dict[str, int]:
-        return dict(collections.Counter(k for k, _, _ in self.events))
-
+class Recorder(BaseRecorder):
     def sev_of(self, kind: str) -> List[Optional[str]]:
         return [s for k, _, s in self.events if k == kind]
+
 
 
 class Harness:

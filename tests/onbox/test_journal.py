@@ -10,14 +10,7 @@ import pytest
 
 from onbox.journal import CURRENT, Journal, read_all
 from protocol import decode_event
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.helpers import Clock
 
 
 def make(tmp_path: Path, **kw: object) -> Journal:
@@ -92,7 +85,7 @@ def test_read_since_respects_byte_budget(tmp_path: Path) -> None:
 
 
 def test_fsync_on_warn_at_once_and_info_at_most_every_interval(tmp_path: Path) -> None:
-    mono = FakeClock()
+    mono = Clock()
     calls: List[int] = []
     j = make(tmp_path, monotonic=mono, fsync=lambda fd: calls.append(fd), fsync_interval_s=2.0)
     calls.clear()
@@ -102,10 +95,10 @@ def test_fsync_on_warn_at_once_and_info_at_most_every_interval(tmp_path: Path) -
     j.append("job.stalled", {}, "warn")
     assert len(calls) == 1
     j.append("train.progress", {})
-    mono.now += 1.0
+    mono.t += 1.0
     j.tick()
     assert len(calls) == 1
-    mono.now += 1.5
+    mono.t += 1.5
     j.tick()
     assert len(calls) == 2
     j.tick()
@@ -129,7 +122,7 @@ class FlakyDisk:
 
 
 def test_disk_full_buffers_in_ring_publishes_degraded_and_flushes_later(tmp_path: Path) -> None:
-    mono = FakeClock()
+    mono = Clock()
     disk = FlakyDisk()
     j = make(tmp_path, write=disk, monotonic=mono, retry_interval_s=1.0)
     j.append("train.progress", {"step": 0})
@@ -142,10 +135,10 @@ def test_disk_full_buffers_in_ring_publishes_degraded_and_flushes_later(tmp_path
     # Buffered events are replayable while the disk is full.
     frames, _ = j.read_since(1, 100, 1 << 20)
     assert [decode_event(f).seq for f in frames] == [2, 3, 4, 5, 6]
-    mono.now += 1.5
+    mono.t += 1.5
     assert j.tick() == []  # still full
     disk.full = False
-    mono.now += 1.5
+    mono.t += 1.5
     recovered = j.tick()
     assert [e.kind for e, _ in recovered] == ["sidecar.recovered"]
     assert recovered[0][0].data["events_buffered"] == 5 and not j.degraded
@@ -154,7 +147,7 @@ def test_disk_full_buffers_in_ring_publishes_degraded_and_flushes_later(tmp_path
 
 
 def test_ring_overflow_keeps_newest_and_names_the_lost_range(tmp_path: Path) -> None:
-    mono = FakeClock()
+    mono = Clock()
     disk = FlakyDisk()
     j = make(tmp_path, write=disk, monotonic=mono, ring_max=5)
     disk.full = True
@@ -162,7 +155,7 @@ def test_ring_overflow_keeps_newest_and_names_the_lost_range(tmp_path: Path) -> 
         j.append("train.progress", {"step": i})
     # seq 1 event, seq 2 degraded notice, then 11 more: 13 total, newest 5 kept.
     disk.full = False
-    mono.now += 5
+    mono.t += 5
     (rec, _), = j.tick()
     assert (rec.data["lost_first_seq"], rec.data["lost_last_seq"]) == (1, 8) and rec.sev == "warn"
     j.close()

@@ -12,7 +12,7 @@ import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import pytest
 
@@ -24,42 +24,20 @@ from onbox.sources.fake_gpu import ScriptedProbe, h100_pci
 from onbox.sources.gpu import GpuProcess
 from onbox.sources.host import CgroupReader
 from onbox.sources.process import ProcessView, ProcInfo
+from tests.helpers import Clock
+from tests.helpers import Recorder as BaseRecorder
 
 WAIT_S = 5.0
 JOB = 4242  # the fake scenarios put pids 4242+i on GPU i
 JOB_TREE = {JOB + i for i in range(8)}
 
 
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class Recorder:
-    """The emit callable: keeps (kind, data, sev) and lets a test wait for a kind."""
-
-    def __init__(self) -> None:
-        self.events: List[Tuple[str, Dict[str, Any], Optional[str]]] = []
-        self._cond = threading.Condition()
-
-    def __call__(self, kind: str, data: Mapping[str, Any], sev: Optional[str]) -> None:
-        with self._cond:
-            self.events.append((kind, dict(data), sev))
-            self._cond.notify_all()
-
-    def wait_for(self, kind: str, count: int = 1) -> None:
-        with self._cond:
-            ok = self._cond.wait_for(lambda: len(self.of(kind)) >= count, timeout=WAIT_S)
-        assert ok, f"no {kind} within {WAIT_S}s; got {self.counts()}"
-
-    def of(self, kind: str) -> List[Dict[str, Any]]:
-        return [data for k, data, _ in self.events if k == kind]
+class Recorder(BaseRecorder):
+    wait_s = WAIT_S
 
     def counts(self) -> Dict[Tuple[str, Optional[str]], int]:
         return dict(collections.Counter((k, s) for k, _, s in self.events))
+
 
 
 class FakeProcesses:

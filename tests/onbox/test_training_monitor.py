@@ -8,44 +8,28 @@ from __future__ import annotations
 import collections
 import json
 import os
-import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
 from onbox.errors import ConfigError
 from onbox.jobs import Scheduler
 from onbox.training import STATE_FILE, TrainingConfig, TrainingMonitor, load_state
+from tests.helpers import Clock
+from tests.helpers import Recorder as BaseRecorder
 
 WAIT_S = 5.0
 
 
-class Clock:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: List[Tuple[str, Dict[str, Any], Optional[str]]] = []
-        self.cond = threading.Condition()
-
-    def __call__(self, kind: str, data: Mapping[str, Any], sev: Optional[str]) -> None:
-        with self.cond:
-            self.events.append((kind, dict(data), sev))
-            self.cond.notify_all()
-
-    def of(self, kind: str) -> List[Dict[str, Any]]:
-        return [d for k, d, _ in self.events if k == kind]
+class Recorder(BaseRecorder):
+    wait_s = WAIT_S
 
     def counts(self, telemetry: bool = False) -> Dict[Tuple[str, Any, Optional[str]], int]:
         return dict(collections.Counter((k, d.get("state"), s) for k, d, s in self.events
                                         if telemetry or k != "train.progress"))
+
 
 
 class Rig:

@@ -23,6 +23,7 @@ from onbox.xid import (
     normalize_recovery_action,
 )
 from onbox.xidreport import report, run_xids
+from tests.helpers import Clock
 
 DATA = Path(__file__).parent / "data"
 
@@ -215,37 +216,29 @@ def test_a_custom_catalog_changes_classification() -> None:
 # ---- deduper ------------------------------------------------------------------------------------------
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_deduper_window_with_an_injected_clock() -> None:
-    clock = FakeClock()
+    clock = Clock()
     d = XidDeduper(window_s=10.0, clock=clock)
     assert d.admit("0000:3b:00", 79)
-    clock.now += 0.01
+    clock.t += 0.01
     assert not d.admit("00000000:3B:00.0", 79)  # NVML's spelling of the same GPU
     assert d.admit("0000:3b:00", 48)  # another code
     assert d.admit("0000:cb:00", 79)  # another GPU
-    clock.now += 5
+    clock.t += 5
     assert not d.admit("0000:3b:00", 79)
     assert d.suppressed("0000:3b:00", 79) == 2
-    clock.now += 5  # 10.01 s after the first one passed
+    clock.t += 5  # 10.01 s after the first one passed
     assert d.admit("0000:3b:00", 79)
     assert d.suppressed("0000:3b:00", 79) == 0
 
 
 def test_deduper_lets_a_storm_through_once_per_window() -> None:
-    clock = FakeClock()
+    clock = Clock()
     d = XidDeduper(window_s=3.0, clock=clock)
     passed = 0
     for _ in range(100):  # one report every 0.5 s for 50 s
         passed += d.admit("0000:3b:00", 13)
-        clock.now += 0.5
+        clock.t += 0.5
     assert passed == 17  # t = 0, 3, 6, ..., 48
 
 
