@@ -283,10 +283,11 @@ class FileTail:
         self._offset, self._partial, self._skipping = 0, b"", False
 
 
-class MetricsSource:
-    """metrics.jsonl -> `Record`s, counting bad lines (see the module doc)."""
+class TailSource:
+    """A tailed file -> `Record`s, counting bad lines; subclasses say how one line parses."""
 
-    name = "metrics"
+    name = "?"
+    count_overlong = True   # an over-long line is a bad line (metrics), or just skipped (logs)
 
     def __init__(self, path: Path, **tail: Any) -> None:
         self.tail = FileTail(path, **tail)
@@ -295,16 +296,11 @@ class MetricsSource:
 
     def parse(self, line: bytes) -> Tuple[Optional[Record], bool]:
         """(record or None, whether the line is bad)."""
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            return None, True
-        if not isinstance(obj, dict):
-            return None, True
-        return record_from_mapping(obj, self.name), False
+        raise NotImplementedError
 
     def read(self, got: TailRead) -> SourceRead:
-        out = SourceRead(new_bytes=got.new_bytes, bad=got.overlong, mtime=got.mtime)
+        overlong = got.overlong if self.count_overlong else 0
+        out = SourceRead(new_bytes=got.new_bytes, bad=overlong, mtime=got.mtime)
         for line in got.lines:
             record, bad = self.parse(line)
             if bad:
@@ -313,7 +309,7 @@ class MetricsSource:
                     self.bad_example = example_of(line)
             elif record is not None:
                 out.records.append(record)
-        if got.overlong and self.bad_example is None:
+        if overlong and self.bad_example is None:
             self.bad_example = f"(a line over {self.tail.max_line_bytes} bytes)"
         self.bad_lines += out.bad
         return out
@@ -326,6 +322,21 @@ class MetricsSource:
 
     def close(self) -> None:
         self.tail.close()
+
+
+class MetricsSource(TailSource):
+    """metrics.jsonl -> `Record`s, counting bad lines (see the module doc)."""
+
+    name = "metrics"
+
+    def parse(self, line: bytes) -> Tuple[Optional[Record], bool]:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return None, True
+        if not isinstance(obj, dict):
+            return None, True
+        return record_from_mapping(obj, self.name), False
 
 
 __all__ = ["FileTail", "MetricsSource", "Record", "SourceRead", "TailRead", "record_from_mapping",

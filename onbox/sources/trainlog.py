@@ -28,11 +28,8 @@ from onbox.errors import ConfigError
 from onbox.sources.metrics import (
     MAX_NAME,
     MAX_SCALARS,
-    FileTail,
     Record,
-    SourceRead,
-    TailRead,
-    example_of,
+    TailSource,
     record_from_mapping,
     to_epoch,
     to_number,
@@ -148,39 +145,22 @@ class LogParser:
         return Record("log", step, epoch, scalars)
 
 
-class LogSource:
+class LogSource(TailSource):
     """train.log -> `Record`s. Bad lines are only dict lines that could not be read."""
 
     name = "log"
+    count_overlong = False
 
     def __init__(self, path: Path, regex: Optional[str] = None, **tail: Any) -> None:
         tail.setdefault("newlines", b"\r\n")
-        self.tail = FileTail(path, **tail)
+        super().__init__(path, **tail)
         self.parser = LogParser(regex)
-        self.bad_lines = 0
-        self.bad_example: Optional[str] = None
 
-    def read(self, got: TailRead) -> SourceRead:
-        out = SourceRead(new_bytes=got.new_bytes, mtime=got.mtime)
-        for line in got.lines:
-            record, bad = self.parser.parse(line.decode("utf-8", "replace"))
-            if bad:
-                out.bad += 1
-                if self.bad_example is None:
-                    self.bad_example = example_of(line)
-            elif record is not None:
-                out.records.append(Record(self.name, record.step, record.epoch, record.scalars))
-        self.bad_lines += out.bad
-        return out
-
-    def poll(self) -> SourceRead:
-        return self.read(self.tail.poll())
-
-    def drain(self) -> SourceRead:
-        return self.read(self.tail.drain())
-
-    def close(self) -> None:
-        self.tail.close()
+    def parse(self, line: bytes) -> Tuple[Optional[Record], bool]:
+        record, bad = self.parser.parse(line.decode("utf-8", "replace"))
+        if record is None:
+            return None, bad
+        return Record(self.name, record.step, record.epoch, record.scalars), bad
 
 
 __all__ = ["LogParser", "LogSource"]
