@@ -216,4 +216,16 @@ def _check_torch_zip(f: IO[bytes], size: int, suffix: str) -> CheckResult:
     return CheckResult(TORCH, OK, tensors=sum(1 for n in names if "/data/" in n))
 
 
-__all__ = ["BAD", "OK", "UNCHECKED", "CheckResult", "check_file", "check_path", "step_of"]
+
+
+def is_temporary(rel: str) -> bool:
+    """A name (any component of a path under the checkpoint dir) that is not a finished file."""
+    for part in Path(rel).parts:
+        low = part.lower()
+        if (part.startswith(".") or low.endswith((".tmp", ".partial")) or ".tmp." in low
+                or low.startswith(("tmp-", "tmp_"))):
+            return True
+    return False
+
+
+__all__ = ["BAD", "OK", "UNCHECKED", "CheckResult", "check_file", "check_path", "is_temporary", "step_of"]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Set, Tuple
 
 from onbox import ckptcheck, manifest
+from onbox.ckptcheck import is_temporary
 from onbox.errors import ConfigError
 from onbox.jobs import FunctionJob, PeriodicJob
 from onbox.sources.checkpoints import (
@@ -79,20 +80,6 @@ class CustodyConfig:
     poll_interval_s: float = 2.0             # the polling observer's stat walk
     sweep_s: float = 30.0                    # temporary-file ages and missed files
     quiet_max_s: float = 120.0               # a file written but never closed commits after this quiet
-
-
-def is_temporary(rel: str) -> bool:
-    """A name (any component of a path under the checkpoint dir) that is not a finished file."""
-    for part in Path(rel).parts:
-        low = part.lower()
-        if (part.startswith(".") or low.endswith((".tmp", ".partial")) or ".tmp." in low
-                or low.startswith(("tmp-", "tmp_"))):
-            return True
-    return False
-
-
-def _rkey(record: manifest.Record) -> Key:
-    return record.size, record.mtime_ns, record.inode
 
 
 @dataclasses.dataclass
@@ -246,7 +233,7 @@ class CustodyMonitor:
 
     def _recorded(self, rel: str, key: Optional[Key]) -> bool:
         record = self._known.get(rel)
-        return record is not None and key == _rkey(record)
+        return record is not None and key == record.key
 
     # ---- changes (watchdog's thread) ----------------------------------------------------------
 
@@ -565,7 +552,7 @@ class CustodyMonitor:
         started = time.perf_counter()
         try:
             dst.parent.mkdir(parents=True, exist_ok=True)
-            streamed = copy_stream(self.ckpt_dir / rel, tmp, _rkey(record), self._bucket)
+            streamed = copy_stream(self.ckpt_dir / rel, tmp, record.key, self._bucket)
             back = sha256_uncached(tmp, self._bucket) if streamed == record.sha256 else None
             if back == record.sha256:
                 os.replace(tmp, dst)
@@ -603,4 +590,4 @@ class CustodyMonitor:
 
 
 
-__all__ = ["CustodyConfig", "CustodyMonitor", "is_temporary"]
+__all__ = ["CustodyConfig", "CustodyMonitor"]

@@ -373,15 +373,6 @@ def _host() -> str:
     return _safe_name(os.uname().nodename.split(".")[0], "host")
 
 
-def _load_profile(opts: LaunchOptions, environ: Mapping[str, str]) -> Optional[profiles.Profile]:
-    if not opts.profile:
-        return None
-    try:
-        return profiles.load(opts.profile, profiles.directory(environ))
-    except profiles.ProfileError as e:
-        raise LaunchUsageError(str(e), "rgt-onbox launch --profile NAME, NAME one of the profiles/") from e
-
-
 def _apply_profile(profile: Optional[profiles.Profile], opts: LaunchOptions, environ: Mapping[str, str],
                    plan: _Plan, env: Dict[str, str]) -> Tuple[List[str], List[str]]:
     """The job's argv under the profile (interpreter, proxy hook), its variables added to `env`."""
@@ -517,7 +508,10 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
     """Start the job and its sidecar (see the module doc). Raises LaunchError and its kinds."""
     environ = dict(os.environ if environ is None else environ)
     plan = _plan(opts, environ)
-    profile = _load_profile(opts, environ)  # a bad name is refused before anything starts
+    try:  # a bad profile is refused before anything starts
+        profile = profiles.load(opts.profile, profiles.directory(environ)) if opts.profile else None
+    except profiles.ProfileError as e:
+        raise LaunchUsageError(str(e), "name one of the profiles in profiles/") from e
     display = redact_argv(opts.command, plan.secrets)
     check_disk(plan, opts.ckpt_copies, opts.min_free_bytes, stat)
     if plan.existing and plan.paths.rgt.is_dir():

@@ -16,7 +16,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 FILENAME = "manifest.jsonl"
 VERSION = 1
@@ -33,6 +33,11 @@ class Record:
     format: str
     ts: float
 
+    @property
+    def key(self) -> Tuple[int, int, int]:
+        """(size, mtime_ns, inode): what pins the hashed bytes to the file."""
+        return self.size, self.mtime_ns, self.inode
+
     def to_dict(self) -> Dict[str, Any]:
         return {"v": VERSION, **dataclasses.asdict(self)}
 
@@ -42,7 +47,7 @@ class Record:
             st = os.stat(Path(run_dir) / self.path)
         except OSError:
             return False
-        return (st.st_size, st.st_mtime_ns, st.st_ino) == (self.size, self.mtime_ns, self.inode)
+        return (st.st_size, st.st_mtime_ns, st.st_ino) == self.key
 
 
 def append(run_dir: Path, record: Record) -> None:

@@ -23,7 +23,8 @@ import pytest
 import safetensors.numpy
 
 from onbox import manifest
-from onbox.custody import CustodyConfig, CustodyMonitor, is_temporary
+from onbox.ckptcheck import is_temporary
+from onbox.custody import CustodyConfig, CustodyMonitor
 from onbox.errors import ConfigError
 from onbox.jobs import Scheduler
 from onbox.sources.checkpoints import Change, CheckpointWatcher, RateLimit, fs_type, is_network_fs
