@@ -5,7 +5,7 @@ drops what identifies the machine (UUIDs, serials, host names, process names,
 pids), and writes tests/onbox/data/real_gpu/<gpu-name>.json. The `gpu`-marked
 tests replay these files through the detectors on machines without a GPU.
 
-    python scripts/capture_gpu_fixture.py [--samples 5] [--out DIR]
+    python scripts/capture_gpu_fixture.py [--samples 5] [--tag idle] [--out DIR]
 """
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def scrub_info(info: Any, index: int) -> Dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=5)
+    ap.add_argument("--tag", default="", help="suffix for the file name, e.g. idle or load")
     ap.add_argument("--out", type=Path, default=REPO / "tests" / "onbox" / "data" / "real_gpu")
     args = ap.parse_args()
     probe = NvmlProbe()
@@ -68,9 +69,11 @@ def main() -> int:
     }
     text = json.dumps(capture, indent=1, default=str)
     text = re.sub(r'"(host|hostname|serial|node)":\s*"[^"]*"', r'"\1": "redacted"', text)
+    text = re.sub(r'"pid":\s*\d+', '"pid": 0', text)
+    text = re.sub(r'pids [\d, ]+', 'pids 0', text)
     name = re.sub(r"[^A-Za-z0-9]+", "-", devices[0].name or "gpu").strip("-").lower()
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{name}.json"
+    path = args.out / f"{name}{'-' + args.tag if args.tag else ''}.json"
     path.write_text(text + "\n")
     print(f"wrote {path} ({len(devices)} GPUs, {args.samples} samples each)")
     return 0

@@ -4,7 +4,8 @@ It learns y = 3x - 1 with a small MLP, appends one JSON line per log step to
 $RGT_METRICS (or ./metrics.jsonl) and saves checkpoints atomically (tmp, fsync,
 rename) into $RGT_CKPT_DIR (or ./checkpoints). Flags make it misbehave on
 purpose: --nan-at, --crash-at, --hang-at (SIGSTOPs itself), --non-atomic-save,
---ignore-resume. It resumes from $RGT_RESUME_FROM when set.
+--ignore-resume. It resumes from $RGT_RESUME_FROM when set; --device cuda runs
+it on a GPU.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--hang-at", type=int, default=-1)
     ap.add_argument("--non-atomic-save", action="store_true")
     ap.add_argument("--ignore-resume", action="store_true")
+    ap.add_argument("--device", default="cpu", help="torch device (cuda on a GPU box)")
     return ap.parse_args()
 
 
@@ -53,16 +55,17 @@ def main() -> int:
     metrics = Path(os.environ.get("RGT_METRICS", "metrics.jsonl"))
     ckpt_dir = Path(os.environ.get("RGT_CKPT_DIR", "checkpoints"))
     model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model = model.to(args.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     start = 0
     resume = os.environ.get("RGT_RESUME_FROM")
     if resume and not args.ignore_resume:
-        state = torch.load(resume, weights_only=True)
+        state = torch.load(resume, weights_only=True, map_location=args.device)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start = int(state["step"])
         print(f"resumed from {resume} at step {start}", flush=True)
-    x = torch.linspace(-1, 1, 256).unsqueeze(1)
+    x = torch.linspace(-1, 1, 256, device=args.device).unsqueeze(1)
     began = time.perf_counter()
     y = 3 * x - 1
     for step in range(start + 1, args.steps + 1):

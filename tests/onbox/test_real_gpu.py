@@ -20,7 +20,7 @@ import pytest
 from onbox.health import run_health
 from onbox.sources import fake_gpu
 from onbox.sources.fake_gpu import ScriptedProbe
-from onbox.sources.gpu import Capability, GpuInfo, GpuProcess, GpuSample
+from onbox.sources.gpu import Capability, GpuInfo, GpuProcess, GpuSample, decode_reasons
 from tests.helpers import REPO, onbox_cmd
 
 CAPTURES = sorted((Path(__file__).parent / "data" / "real_gpu").glob("*.json"))
@@ -123,3 +123,15 @@ def test_real_capture_replays_to_the_verdict_it_had(path: Path) -> None:
     assert report["gpu"]["devices"] == len(capture["devices"])
     if capture.get("health_exit") == 0:
         assert report["exit_code"] == 0, report
+
+
+def test_a_busy_h200_at_its_power_cap_is_not_a_fault() -> None:
+    """A real H200 at full load sits at its 700 W software power cap with the SM clock well below
+    its maximum; the throttle check must call that normal, not slowdown."""
+    capture = json.loads((Path(__file__).parent / "data" / "real_gpu" / "nvidia-h200-load.json").read_text())
+    loaded = [s for s in capture["samples"][0] if s["utilization_gpu_pct"] >= 90]
+    assert loaded and all(decode_reasons(s["clock_event_reasons"]) == ["SwPowerCap"] for s in loaded)
+    assert all(s["sm_clock_mhz"] < 0.8 * s["sm_clock_max_mhz"] for s in loaded)
+    report = replay_health(capture)
+    throttle = [c for c in report["checks"] if c["check"] == "throttle"]
+    assert throttle and {c["status"] for c in throttle} == {"PASS"}, throttle
