@@ -9,10 +9,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck pytest py39 bench system-deps clean
 
+# The box's dependencies as wheels for this Python, fetched once while the venv is set up:
+# the end-to-end tests install onto a "box" that has no index (`rgt install --wheelhouse`).
+WHEELHOUSE := .wheelhouse
+BOX_DEPS := "pyzmq>=23,<28" "psutil>=5.9" "nvidia-ml-py>=12.535" "watchdog>=2.1" "click>=8.1"
+
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[dev,torch]" "torch==2.13.0"
+	$(BIN)/pip download -q --only-binary=:all: -d $(WHEELHOUSE) $(BOX_DEPS)
 	touch $(STAMP)
 
 # openssh-server and rsync back the end-to-end tests; installed only when
@@ -59,4 +65,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/sidecar_overhead.py
 
 clean:
-	rm -rf $(VENV) $(VENV39) .pytest_cache .mypy_cache .ruff_cache .demo
+	rm -rf $(VENV) $(VENV39) $(WHEELHOUSE) .pytest_cache .mypy_cache .ruff_cache .demo

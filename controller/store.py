@@ -36,13 +36,15 @@ from typing import (
     Optional,
     ParamSpec,
     Sequence,
-    Tuple,
     TypeVar,
 )
 
 import protocol
 
 from controller import paths
+from controller.schema import MIGRATIONS, SCHEMA_VERSION, Migration
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Migration", "Store", "StoreError"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,22 @@ class StoreBusy(StoreError):
 
 class StoreCorrupt(StoreError):
     """The file is not an SQLite database, or SQLite found it damaged."""
+
+
+class HostNotFound(StoreError):
+    """No host of that name (`rgt hosts add` records them)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalEvent:
+    """An event the controller observed itself (no sidecar seq): link.lost, sidecar.silent, ..."""
+
+    id: int
+    run: str
+    ts: float
+    kind: str
+    sev: str
+    data: Dict[str, Any]
 
 
 class RunNotFound(StoreError):
@@ -131,70 +149,6 @@ def _sql(fn: Callable[Concatenate[Store, _P], _R]) -> Callable[Concatenate[Store
 
 
 # ---- schema ---------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Migration:
-    """One schema step, applied in its own transaction. `version` is user_version after it."""
-
-    version: int
-    summary: str
-    statements: Tuple[str, ...]
-
-
-# Append only: a released step never changes (databases out there already ran
-# it); a schema change is a new step at the end. SQL only, no executescript
-# (it would commit mid-step).
-MIGRATIONS: Tuple[Migration, ...] = (
-    Migration(1, "hosts, runs, events, cursors", (
-        """CREATE TABLE hosts (
-            name TEXT NOT NULL PRIMARY KEY,
-            ssh TEXT NOT NULL DEFAULT '',
-            profile TEXT NOT NULL DEFAULT '',
-            added_at REAL NOT NULL
-        )""",
-        """CREATE TABLE runs (
-            run TEXT NOT NULL PRIMARY KEY,
-            host TEXT NOT NULL DEFAULT '',
-            boot_id TEXT NOT NULL DEFAULT '',
-            protocol_version INTEGER NOT NULL DEFAULT 0,
-            package_version TEXT NOT NULL DEFAULT '',
-            meta TEXT NOT NULL DEFAULT '{}',  -- JSON object
-            endpoint TEXT NOT NULL DEFAULT '',
-            first_seen REAL NOT NULL,
-            last_seen REAL NOT NULL
-        )""",
-        """CREATE TABLE events (
-            run TEXT NOT NULL,
-            seq INTEGER NOT NULL,
-            ts REAL NOT NULL,
-            kind TEXT NOT NULL,
-            sev TEXT NOT NULL,
-            host TEXT NOT NULL,
-            data TEXT NOT NULL,  -- JSON object
-            received_at REAL NOT NULL,
-            PRIMARY KEY (run, seq)
-        ) WITHOUT ROWID""",
-        """CREATE TABLE cursors (
-            run TEXT NOT NULL PRIMARY KEY,
-            last_seq INTEGER NOT NULL,
-            boot_id TEXT NOT NULL DEFAULT '',
-            updated_at REAL NOT NULL
-        )""",
-    )),
-    Migration(2, "index events by kind; seqs the sidecar reported lost", (
-        "CREATE INDEX events_run_kind ON events (run, kind)",
-        """CREATE TABLE gaps (
-            run TEXT NOT NULL,
-            first_seq INTEGER NOT NULL,
-            last_seq INTEGER NOT NULL,
-            reason TEXT NOT NULL,
-            recorded_at REAL NOT NULL,
-            PRIMARY KEY (run, first_seq, last_seq)
-        ) WITHOUT ROWID""",
-    )),
-)
-SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def _user_version(conn: sqlite3.Connection) -> int:
@@ -340,8 +294,8 @@ def _listing(names: Sequence[str]) -> str:
 
 _UPSERT_RUN = """
 INSERT INTO runs (run, host, boot_id, protocol_version, package_version, meta, endpoint,
-                  first_seen, last_seen)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                  first_seen, last_seen, target, run_dir)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run) DO UPDATE SET
     host = CASE WHEN excluded.host != '' THEN excluded.host ELSE runs.host END,
     boot_id = CASE WHEN excluded.boot_id != '' THEN excluded.boot_id ELSE runs.boot_id END,
@@ -351,6 +305,8 @@ ON CONFLICT (run) DO UPDATE SET
                            THEN excluded.package_version ELSE runs.package_version END,
     meta = CASE WHEN excluded.meta != '{}' THEN excluded.meta ELSE runs.meta END,
     endpoint = CASE WHEN excluded.endpoint != '' THEN excluded.endpoint ELSE runs.endpoint END,
+    target = CASE WHEN excluded.target != '' THEN excluded.target ELSE runs.target END,
+    run_dir = CASE WHEN excluded.run_dir != '' THEN excluded.run_dir ELSE runs.run_dir END,
     last_seen = excluded.last_seen
 """
 
@@ -369,16 +325,19 @@ ON CONFLICT (run) DO UPDATE SET
 
 _RUNS = """
 SELECT r.run AS run, r.host, r.boot_id, r.protocol_version, r.package_version, r.meta,
-       r.endpoint, r.first_seen, r.last_seen AS last_seen, COALESCE(c.last_seq, 0), c.updated_at
+       r.endpoint, r.first_seen, r.last_seen AS last_seen, COALESCE(c.last_seq, 0), c.updated_at,
+       r.target, r.run_dir
 FROM runs AS r LEFT JOIN cursors AS c ON c.run = r.run
 UNION ALL
-SELECT c.run, '', c.boot_id, 0, '', '{}', '', c.updated_at, c.updated_at, c.last_seq, c.updated_at
+SELECT c.run, '', c.boot_id, 0, '', '{}', '', c.updated_at, c.updated_at, c.last_seq, c.updated_at,
+       '', ''
 FROM cursors AS c WHERE c.run NOT IN (SELECT run FROM runs)
 ORDER BY last_seen DESC, run
 """
 
 _RUN_FIELDS = ("run", "host", "boot_id", "protocol_version", "package_version", "meta",
-               "endpoint", "first_seen", "last_seen", "last_seq", "cursor_updated_at")
+               "endpoint", "first_seen", "last_seen", "last_seq", "cursor_updated_at", "target",
+               "run_dir")
 
 
 class Store:
@@ -425,15 +384,17 @@ class Store:
     @_sql
     def upsert_run(self, run: str, *, host: str, boot_id: str = "", protocol_version: int = 0,
                    package_version: str = "", meta: Mapping[str, Any] = {},
-                   endpoint: str = "") -> None:
+                   endpoint: str = "", target: str = "", run_dir: str = "") -> None:
         """Record a run, or update it: first_seen is kept, last_seen set to now.
 
-        An empty string, 0 or {} means "not known now" and keeps the stored value.
+        `host` is the name the sidecar reports; `target` the rgt host (`rgt hosts`) it is
+        reached through, and `run_dir` its directory on that box. An empty string, 0 or {}
+        means "not known now" and keeps the stored value.
         """
         now = self._clock()
         self._conn.execute(_UPSERT_RUN, (
             run, host, boot_id, protocol_version, package_version,
-            _dump(meta, f"meta of run {run!r}"), endpoint, now, now,
+            _dump(meta, f"meta of run {run!r}"), endpoint, now, now, target, run_dir,
         ))
 
     @_sql
@@ -530,7 +491,7 @@ class Store:
 
         Keys: run, host, boot_id, protocol_version, package_version, meta (a
         dict), endpoint, first_seen, last_seen, last_seq (the cursor),
-        cursor_updated_at (None before the first apply). A run that only ever
+        cursor_updated_at (None before the first apply), target, run_dir. A run that only ever
         had apply() calls shows with empty host and metadata.
         """
         out = []
@@ -565,3 +526,114 @@ class Store:
     def data_version(self) -> int:
         """Changes whenever another connection commits to the database (not this one's commits)."""
         return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+
+    @_sql
+    def run(self, name: str) -> Dict[str, Any]:
+        """One run as runs() lists it; `name` may be a unique prefix."""
+        run_id = self.resolve_run(name)
+        return next(r for r in self.runs() if r["run"] == run_id)
+
+    # ---- hosts -------------------------------------------------------------
+
+    @_sql
+    def add_host(self, name: str, *, ssh: str, profile: str = "", onbox: str = "", root: str = "",
+                 replace: bool = False) -> None:
+        """Record how to reach a box. An existing name is refused unless `replace`."""
+        verb = "INSERT OR REPLACE" if replace else "INSERT"
+        try:
+            self._conn.execute(
+                f"{verb} INTO hosts (name, ssh, profile, added_at, onbox, root, installed)"
+                " VALUES (?, ?, ?, ?, ?, ?, COALESCE((SELECT installed FROM hosts WHERE name = ?), '{}'))",
+                (name, ssh, profile, self._clock(), onbox, root, name))
+        except sqlite3.IntegrityError as e:
+            raise StoreError(f"host {name!r} exists already",
+                             hint=f"'rgt hosts add {name} ... --replace' changes it") from e
+
+    @_sql
+    def hosts(self) -> List[Dict[str, Any]]:
+        """Every host, by name. Keys: name, ssh, profile, added_at, onbox, root, installed (a dict)."""
+        rows = self._conn.execute(
+            "SELECT name, ssh, profile, added_at, onbox, root, installed FROM hosts ORDER BY name"
+        ).fetchall()
+        out = []
+        for row in rows:
+            item = dict(zip(("name", "ssh", "profile", "added_at", "onbox", "root", "installed"), row))
+            item["installed"] = _load(item["installed"])
+            out.append(item)
+        return out
+
+    @_sql
+    def host(self, name: str) -> Dict[str, Any]:
+        """One host; HostNotFound (with the known names) if there is none."""
+        for item in self.hosts():
+            if item["name"] == name:
+                return item
+        known = [str(h["name"]) for h in self.hosts()]
+        raise HostNotFound(f"no host {name!r}",
+                           hint=(f"known hosts: {_listing(known)}; " if known else "")
+                           + f"add it with 'rgt hosts add {name} --ssh ALIAS'")
+
+    @_sql
+    def set_installed(self, name: str, installed: Mapping[str, Any]) -> None:
+        """Remember what `rgt install` put on the host (version, venv, onbox command)."""
+        self._conn.execute("UPDATE hosts SET installed = ? WHERE name = ?",
+                           (_dump(installed, f"install record of {name!r}"), name))
+
+    # ---- what the controller saw itself ------------------------------------
+
+    @_sql
+    def add_local_event(self, run: str, kind: str, sev: str, data: Mapping[str, Any],
+                        ts: Optional[float] = None) -> LocalEvent:
+        """Record a controller-side event (link.lost, sidecar.silent, ...); returns it with its id."""
+        if sev not in protocol.SEVERITIES:
+            raise ValueError(f"severity must be one of {protocol.SEVERITIES}, got {sev!r}")
+        when = self._clock() if ts is None else ts
+        cur = self._conn.execute(
+            "INSERT INTO local_events (run, ts, kind, sev, data) VALUES (?, ?, ?, ?, ?)",
+            (run, when, kind, sev, _dump(data, f"{kind} of run {run!r}")))
+        return LocalEvent(id=int(cur.lastrowid or 0), run=run, ts=when, kind=kind, sev=sev,
+                          data=dict(data))
+
+    @_sql
+    def local_events(self, run: str, *, since_id: int = 0,
+                     kind_prefix: Optional[str] = None) -> List[LocalEvent]:
+        """The run's controller-side events with id > since_id, oldest first."""
+        rows = self._conn.execute(
+            "SELECT id, ts, kind, sev, data FROM local_events WHERE run = ? AND id > ? ORDER BY id",
+            (run, since_id)).fetchall()
+        out = [LocalEvent(id=i, run=run, ts=ts, kind=k, sev=sev, data=_load(d)) for i, ts, k, sev, d in rows]
+        return [e for e in out if not kind_prefix or e.kind.startswith(kind_prefix)]
+
+    # ---- wakes, policies, facts shown ---------------------------------------
+
+    @_sql
+    def mark_woken(self, run: str, key: str) -> bool:
+        """Remember that `key` (an event) ended a watch; False if it had already."""
+        cur = self._conn.execute("INSERT OR IGNORE INTO wakes (run, key, woke_at) VALUES (?, ?, ?)",
+                                 (run, key, self._clock()))
+        return cur.rowcount == 1
+
+    @_sql
+    def woken(self, run: str) -> Dict[str, float]:
+        """Keys that ended a watch of `run`, with when."""
+        return {str(k): float(t) for k, t in self._conn.execute(
+            "SELECT key, woke_at FROM wakes WHERE run = ? ORDER BY woke_at, key", (run,)).fetchall()}
+
+    @_sql
+    def policy(self, run: str) -> Dict[str, Any]:
+        """The wake policy stored for `run` ('*': the default for all runs); {} if none."""
+        row = self._conn.execute("SELECT policy FROM policies WHERE run = ?", (run,)).fetchone()
+        return _load(row[0]) if row else {}
+
+    @_sql
+    def set_policy(self, run: str, policy: Mapping[str, Any]) -> None:
+        self._conn.execute(
+            "INSERT OR REPLACE INTO policies (run, policy, updated_at) VALUES (?, ?, ?)",
+            (run, _dump(policy, f"policy of {run!r}"), self._clock()))
+
+    @_sql
+    def mark_shown(self, topic: str) -> bool:
+        """Remember that a one-time notice was shown; False if it had been already."""
+        cur = self._conn.execute("INSERT OR IGNORE INTO shown (topic, shown_at) VALUES (?, ?)",
+                                 (topic, self._clock()))
+        return cur.rowcount == 1

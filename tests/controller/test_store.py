@@ -14,6 +14,7 @@ from controller import paths, store
 from controller.store import (
     SCHEMA_VERSION,
     AmbiguousRun,
+    HostNotFound,
     Migration,
     RunNotFound,
     SchemaTooNew,
@@ -98,7 +99,7 @@ def test_loose_database_file_is_tightened(home: Path) -> None:
 def test_fresh_store_is_wal_at_the_newest_schema(db: Store) -> None:
     conn = sqlite3.connect(db.path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         conn.close()
@@ -340,8 +341,11 @@ def test_upsert_run_keeps_first_seen_and_known_fields(home: Path) -> None:
             "run": RUN, "host": "box1", "boot_id": "b1", "protocol_version": 1,
             "package_version": "0.1.0", "meta": {"cmd": "python train.py"},
             "endpoint": "ipc:///tmp/x", "first_seen": 100.0, "last_seen": 200.0,
-            "last_seq": 0, "cursor_updated_at": None,
+            "last_seq": 0, "cursor_updated_at": None, "target": "", "run_dir": "",
         }
+        s.upsert_run(RUN, host="", target="box", run_dir="/r/x")  # rgt launch knows these first
+        s.upsert_run(RUN, host="box1")
+        assert (s.run(RUN[:3])["target"], s.run(RUN)["run_dir"]) == ("box", "/r/x")
         now[0] = 300.0
         s.upsert_run(RUN, host="box2", boot_id="b2")
         s.apply(RUN, [ev(1)], 1)
@@ -420,3 +424,50 @@ def test_a_closed_store_raises_store_error(home: Path) -> None:
     s.close()
     with pytest.raises(StoreError):
         s.cursor(RUN)
+
+
+# ---- hosts, controller-side events, wakes, policies -------------------------
+
+
+def test_hosts_are_added_once_listed_and_replaced_only_on_request(home: Path) -> None:
+    with Store.open() as s:
+        s.add_host("b", ssh="alias-b", profile="autodl")
+        with pytest.raises(StoreError, match="exists already") as e:
+            s.add_host("b", ssh="other")
+        assert e.value.hint and "--replace" in e.value.hint
+        s.set_installed("b", {"version": "0.1.0", "venv": "~/.rgt/venv"})
+        s.add_host("b", ssh="alias-c", onbox="x/rgt-onbox", root="/data", replace=True)
+        s.add_host("a", ssh="alias-a")
+        assert [h["name"] for h in s.hosts()] == ["a", "b"]
+        b = s.host("b")
+        assert (b["ssh"], b["profile"], b["onbox"], b["root"]) == ("alias-c", "", "x/rgt-onbox", "/data")
+        assert b["installed"] == {"version": "0.1.0", "venv": "~/.rgt/venv"}  # survives a replace
+        with pytest.raises(HostNotFound, match="no host 'zz'") as missing:
+            s.host("zz")
+        assert missing.value.hint and "a, b" in missing.value.hint
+
+
+def test_local_events_have_their_own_ids_and_filter_by_prefix(home: Path) -> None:
+    with Store.open(clock=lambda: 5.0) as s:
+        first = s.add_local_event(RUN, "link.lost", "warn", {"why": "ssh master gone"})
+        s.add_local_event("other", "link.lost", "warn", {})
+        s.add_local_event(RUN, "link.restored", "info", {"down_s": 1.5}, ts=9.0)
+        s.add_local_event(RUN, "sidecar.silent", "warn", {})
+        assert (first.ts, first.data) == (5.0, {"why": "ssh master gone"})
+        kinds = [(e.kind, e.ts) for e in s.local_events(RUN)]
+        assert kinds == [("link.lost", 5.0), ("link.restored", 9.0), ("sidecar.silent", 5.0)]
+        assert [e.kind for e in s.local_events(RUN, since_id=first.id)] == ["link.restored", "sidecar.silent"]
+        assert [e.kind for e in s.local_events(RUN, kind_prefix="link.")] == ["link.lost", "link.restored"]
+        with pytest.raises(ValueError):
+            s.add_local_event(RUN, "x", "loud", {})
+
+
+def test_wakes_policies_and_shown_notices_are_remembered(home: Path) -> None:
+    with Store.open() as s:
+        assert s.mark_woken(RUN, "seq:7") and not s.mark_woken(RUN, "seq:7")
+        assert list(s.woken(RUN)) == ["seq:7"] and s.woken("other") == {}
+        assert s.policy(RUN) == {}
+        s.set_policy(RUN, {"mute": ["gpu.throttle"]})
+        s.set_policy("*", {"min_sev": "critical"})
+        assert (s.policy(RUN), s.policy("*")) == ({"mute": ["gpu.throttle"]}, {"min_sev": "critical"})
+        assert s.mark_shown("profile:autodl") and not s.mark_shown("profile:autodl")
