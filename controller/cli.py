@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import click
 import protocol
 
-from controller import render
+from controller import cli_runs, render
 from controller.attach import AttachError, attach
 from controller.clibase import (
     JSON_OPTION,
@@ -113,6 +113,14 @@ def attach_command(run_dir: Path, as_json: bool, until_exit: bool, timeout_s: Op
             raise CliError(str(e)) from e
         except KeyboardInterrupt:
             log.debug("stopped attaching %s", run_dir)
+
+
+# ---- commands that live in their own modules -------------------------------------
+
+main.add_command(cli_runs.hosts_group)
+main.add_command(cli_runs.launch_command)
+main.add_command(cli_runs.runs_command)
+main.add_command(cli_runs.stop_command)
 
 
 if __name__ == "__main__":

@@ -574,6 +574,10 @@ class Store:
                            + f"add it with 'rgt hosts add {name} --ssh ALIAS'")
 
     @_sql
+    def remove_host(self, name: str) -> None:
+        self._conn.execute("DELETE FROM hosts WHERE name = ?", (name,))
+
+    @_sql
     def set_installed(self, name: str, installed: Mapping[str, Any]) -> None:
         """Remember what `rgt install` put on the host (version, venv, onbox command)."""
         self._conn.execute("UPDATE hosts SET installed = ? WHERE name = ?",

@@ -243,7 +243,7 @@ class Sidecar:
         ]
 
     def _heartbeat(self) -> None:
-        data: Dict[str, Any] = {"boot_id": self.boot_id,
+        data: Dict[str, Any] = {"boot_id": self.boot_id, "interval_s": self.config.heartbeat_s,
                                 "uptime_s": round(time.monotonic() - self.started_mono, 1)}
         data.update(self.journal.stats())
         data.update(self.counters)

@@ -33,6 +33,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--non-atomic-save", action="store_true")
     ap.add_argument("--ignore-resume", action="store_true")
     ap.add_argument("--device", default="cpu", help="torch device (cuda on a GPU box)")
+    ap.add_argument("--stop-file", type=Path, default=None,
+                    help="finish cleanly (exit 0) once this file exists: tests decide how long a run lasts")
     return ap.parse_args()
 
 
@@ -93,6 +95,9 @@ def main() -> int:
             save(state, ckpt_dir / f"step{step:06d}.pt", atomic=not args.non_atomic_save)
         if args.step_seconds:
             time.sleep(args.step_seconds)
+        if args.stop_file is not None and step % args.log_every == 0 and args.stop_file.exists():
+            print(f"stop file seen at step {step}", flush=True)
+            break
     print(f"train_seconds={time.perf_counter() - began:.4f}", flush=True)
     print("done", flush=True)
     return 0

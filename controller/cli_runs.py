@@ -1,0 +1,232 @@
+"""`rgt hosts`, `rgt launch`, `rgt runs`, `rgt stop`: boxes and the runs on them.
+
+The lead's wiring in controller/cli.py adds these commands to the `rgt` group.
+"""
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import click
+
+from controller import boxes, render
+from controller.boxes import LOCAL, BoxError
+from controller.clibase import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, RgtGroup, emit_json
+from controller.ssh import Ssh, SshError
+from controller.store import Store
+
+_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def _notice(store: Store, profile: str) -> None:
+    """The platform's surface-to-the-user facts, the first time rgt meets it (stderr)."""
+    try:  # TEMP until notices lands
+        from controller.notices import first_contact
+    except ImportError:
+        return
+
+    text = first_contact(store, profile) if profile else None
+    if text:
+        click.echo(render.printable(text), err=True)
+
+
+def _box_error(e: BoxError | SshError) -> CliError:
+    return CliError(e.message, e.hint)
+
+
+# ---- rgt hosts ----------------------------------------------------------------------
+
+
+@click.group("hosts", cls=RgtGroup, invoke_without_command=True)
+@JSON_OPTION
+@click.pass_context
+def hosts_group(ctx: click.Context, as_json: bool) -> None:
+    """The boxes rgt reaches (`local` is this machine and always there).
+
+    \b
+      rgt hosts                                   list them
+      rgt hosts add gpu1 --ssh autodl-a100 --profile autodl
+      rgt hosts check gpu1                        connect once and say what is there
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    with Store.open() as store:
+        rows = [boxes.host_record(store, LOCAL), *store.hosts()]
+    if as_json:
+        emit_json({"hosts": rows})
+        return
+    click.echo(f"{'NAME':<16} {'SSH':<24} {'PROFILE':<14} INSTALLED")
+    for h in rows:
+        installed = (h.get("installed") or {}).get("version", "-") if h["name"] != LOCAL else "(this rgt)"
+        click.echo(render.printable(f"{h['name']:<16} {h['ssh'] or '-':<24} {h['profile'] or '-':<14} "
+                                    f"{installed}"))
+
+
+@hosts_group.command("add", cls=RgtCommand)
+@click.argument("name")
+@click.option("--ssh", "alias", required=True, metavar="ALIAS",
+              help="How `ssh` reaches the box: a ~/.ssh/config alias (or user@host).")
+@click.option("--profile", default="", metavar="P", help="Platform profile (profiles/P.toml).")
+@click.option("--onbox", default="", metavar="CMD",
+              help="How rgt-onbox runs there when `rgt install` did not put it there.")
+@click.option("--root", default="", metavar="DIR", help="Where runs live on the box (default ~/rgt-runs).")
+@click.option("--replace", is_flag=True, help="Change a host that exists.")
+def hosts_add(name: str, alias: str, profile: str, onbox: str, root: str, replace: bool) -> None:
+    """Record how to reach box NAME. Nothing connects yet (see `rgt hosts check`)."""
+    if name == LOCAL:
+        raise CliError("`local` is reserved: it is this machine, and needs no entry")
+    if not _HOST_NAME.match(name):
+        raise CliError(f"host name {name!r} must be 1-64 of A-Z a-z 0-9 . _ - (starting alphanumeric)")
+    if alias.startswith("-"):
+        raise CliError(f"--ssh {alias!r} looks like an option, not a host alias")
+    if profile:
+        import profiles
+
+        try:
+            profiles.load(profile)
+        except Exception as e:  # the loader's own errors name the file and line
+            raise CliError(f"profile {profile!r}: {e}", hint="see the profiles/ directory") from e
+    with Store.open() as store:
+        store.add_host(name, ssh=alias, profile=profile, onbox=onbox, root=root, replace=replace)
+        click.echo(f"host {name}: ssh {alias}" + (f", profile {profile}" if profile else ""), err=True)
+        _notice(store, profile)
+
+
+@hosts_group.command("check", cls=RgtCommand)
+@click.argument("name")
+@JSON_OPTION
+def hosts_check(name: str, as_json: bool) -> None:
+    """Connect to NAME (starting its ControlMaster) and report the box and its rgt-onbox."""
+    with Store.open() as store:
+        shell = boxes.shell_for(store, name)
+        try:
+            if isinstance(shell, Ssh):
+                shell.start_master()
+            out = shell.run("uname -srm; command -v rsync >/dev/null && echo rsync=yes || echo rsync=no",
+                            timeout_s=30)
+            lines = out.stdout.decode(errors="replace").splitlines()
+            try:
+                version: Optional[str] = boxes.box_version(shell, boxes.onbox_command(store, name))
+            except BoxError:
+                version = None
+        except SshError as e:
+            raise _box_error(e) from e
+    report = {"host": name, "system": lines[0] if lines else "", "rsync": "rsync=yes" in lines,
+              "onbox_version": version}
+    if as_json:
+        emit_json(report)
+        return
+    rsync = "yes" if report["rsync"] else "MISSING"
+    onbox = version or f"not installed (rgt install {name})"
+    click.echo(render.printable(f"{name}: {report['system']}; rsync {rsync}; rgt-onbox {onbox}"))
+
+
+@hosts_group.command("rm", cls=RgtCommand)
+@click.argument("name")
+def hosts_rm(name: str) -> None:
+    """Forget host NAME (its runs stay in the store). Nothing on the box changes."""
+    with Store.open() as store:
+        store.host(name)
+        store.remove_host(name)
+    click.echo(f"forgot host {name}", err=True)
+
+
+# ---- rgt launch ---------------------------------------------------------------------
+
+
+@click.command("launch", cls=RgtCommand)
+@click.argument("host")
+@click.argument("command", nargs=-1, required=True)
+@click.option("--profile", default=None, metavar="P", help="Platform profile (default: the host's).")
+@click.option("--run-id", default=None, metavar="ID", help="Run id (default: UTC time + random).")
+@click.option("--project", default=None, help="Project name on the box.")
+@click.option("--root", default=None, metavar="DIR", help="Where runs live on the box.")
+@click.option("--onbox-arg", "onbox_args", multiple=True, metavar="ARG",
+              help="Extra `rgt-onbox launch` argument, repeatable (--onbox-arg=--env=WANDB_API_KEY).")
+@click.option("--no-watch", is_flag=True, help="Do not start the background watcher.")
+@JSON_OPTION
+def launch_command(host: str, command: Sequence[str], profile: Optional[str], run_id: Optional[str],
+                   project: Optional[str], root: Optional[str], onbox_args: Sequence[str],
+                   no_watch: bool, as_json: bool) -> None:
+    """Run COMMAND on HOST under rgt-onbox, and start watching it.
+
+    \b
+      rgt launch gpu1 -- python train.py --lr 3e-4
+      rgt launch local --json -- python scripts/train_tiny.py
+    Never put a secret in COMMAND: push it once with `rgt secret push HOST NAME`.
+    With --json: one object with run_id, run_dir, host, pid, watcher_pid.
+    """
+    with Store.open() as store:
+        record = boxes.host_record(store, host)
+        try:
+            answer = boxes.launch(store, host, command, run_id=run_id, profile=profile, root=root,
+                                  project=project, onbox_args=onbox_args)
+        except (BoxError, SshError) as e:
+            raise _box_error(e) from e
+        _notice(store, profile or str(record.get("profile") or ""))
+        watcher_pid = None
+        if not no_watch:
+            from controller.watcher import ensure_watcher
+
+            watcher_pid = ensure_watcher(store, str(answer["run_id"]))
+    answer["watcher_pid"] = watcher_pid
+    if as_json:
+        emit_json(answer)
+        return
+    click.echo(render.printable(f"launched {answer['run_id']} on {host} ({answer['run_dir']})"))
+    click.echo(f"next: rgt watch {answer['run_id']} --timeout 6h   (exits when something needs you)",
+               err=True)
+
+
+# ---- rgt runs / rgt stop ------------------------------------------------------------
+
+
+def _age(ts: Optional[float]) -> str:
+    if ts is None:
+        return "-"
+    s = max(0.0, time.time() - ts)
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
+
+
+@click.command("runs", cls=RgtCommand)
+@JSON_OPTION
+def runs_command(as_json: bool) -> None:
+    """The runs rgt knows, newest first: host, state, last event, watcher."""
+    from controller.watcher import running_pid
+
+    rows: List[Dict[str, Any]] = []
+    with Store.open() as store:
+        for r in store.runs():
+            run = str(r["run"])
+            rows.append({"run": run, "host": r["target"] or r["host"], "run_dir": r["run_dir"],
+                         "last_seq": r["last_seq"], "watcher_pid": running_pid(run),
+                         **boxes.run_state(store, run)})
+    if as_json:
+        emit_json({"runs": rows})
+        return
+    click.echo(f"{'RUN':<34} {'HOST':<12} {'STATE':<10} {'LINK':<8} {'LAST':>6} {'SEQ':>7} WATCHER")
+    for row in rows:
+        state = row["state"] + (f" {row['code']}" if row.get("code") not in (None, 0) else "")
+        click.echo(render.printable(
+            f"{row['run']:<34} {row['host'] or '-':<12} {state:<10} {row['link']:<8} "
+            f"{_age(row.get('last_event_ts')):>6} {row['last_seq']:>7} {row['watcher_pid'] or '-'}"))
+
+
+@click.command("stop", cls=RgtCommand)
+@RUN_ARGUMENT
+@click.option("--grace", default="30s", show_default=True, help="Time between SIGTERM and SIGKILL.")
+@JSON_OPTION
+def stop_command(run: str, grace: str, as_json: bool) -> None:
+    """Stop RUN's job on its box (the box and its files stay; nothing is deleted)."""
+    with Store.open() as store:
+        try:
+            answer = boxes.stop(store, run, grace)
+        except (BoxError, SshError) as e:
+            raise _box_error(e) from e
+    if as_json:
+        emit_json(answer)
+    else:
+        click.echo(render.printable(f"{answer['run']}: {answer.get('outcome', answer)}"))
+    if answer["exit"] != 0:
+        raise CliError(f"the box could not stop {answer['run']}", hint=f"see 'rgt status {answer['run']}'")

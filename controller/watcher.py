@@ -1,0 +1,431 @@
+"""The per-run background watcher: keeps the store equal to the box's journal.
+
+One process per run (a lock file under the state dir makes it one), started by
+`rgt launch`, `rgt watch` or `rgt status` through ensure_watcher(). It reaches
+the sidecar through a Link: for host `local` the run's own sockets, for an SSH
+host two unix-socket forwards on the host's shared ControlMaster. A Subscriber
+thread follows the sidecar; this module's loop supervises the link.
+
+When the link breaks (the master is killed, the box freezes and ServerAlive
+gives up, sshd stops), the loop records `link.lost` once, reconnects with
+capped, jittered backoff, re-adds the forwards and records `link.restored`.
+ZeroMQ reconnects by itself and the subscriber's `since` repair fetches what
+was published meanwhile, so nothing is lost or stored twice. A broken link
+says only that the transport is down: the events say so, never that the job
+died. When the link is up but no event arrives for three heartbeat intervals,
+`sidecar.silent` is recorded.
+
+    python -m controller.watcher RUN     (what ensure_watcher starts; logs to watchers/RUN.log)
+"""
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any, Callable, Dict, Optional, Protocol, Sequence
+
+from protocol import Event, ProtocolError
+from protocol.endpoints import Endpoints
+
+from controller import paths
+from controller.ssh import Backoff, Ssh, SshError, short_socket_path, ssh_config_file
+from controller.store import Store
+from controller.subscriber import Subscriber, SubscriberError
+
+log = logging.getLogger(__name__)
+
+LOCAL = "local"
+SUPERVISE_S = 0.5            # how often the link is checked
+SILENT_INTERVALS = 3         # heartbeats missed before sidecar.silent
+DEFAULT_HEARTBEAT_S = 30.0   # until the first heartbeat says otherwise
+EXIT_QUIET_S = 30.0          # after job.exited, stop once nothing new came for this long
+STARTUP_GRACE_S = 10.0       # a link never up yet (sidecar starting) is not "lost" before this
+LINK_NOTE = "only the transport is known to be down; this says nothing about the job"
+
+
+# ---- files and the one-per-run lock -------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class WatcherFiles:
+    lock: Path
+    pid: Path
+    log: Path
+
+
+def watcher_dir() -> Path:
+    d = paths.state_dir() / "watchers"
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return d
+
+
+def files(run: str) -> WatcherFiles:
+    d = watcher_dir()
+    return WatcherFiles(lock=d / f"{run}.lock", pid=d / f"{run}.pid", log=d / f"{run}.log")
+
+
+def running_pid(run: str) -> Optional[int]:
+    """The pid of the watcher holding RUN's lock, or None when none does."""
+    f = files(run)
+    try:
+        fd = os.open(f.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            return int(f.pid.read_text().strip() or 0) or None
+        except (OSError, ValueError):
+            return None  # the lock is held but the pid not written yet
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _finished(store: Store, run: str) -> bool:
+    return bool(store.events(run, kind_prefix="sidecar.stopping", limit=1))
+
+
+def ensure_watcher(store: Store, run: str, wait_s: float = 5.0) -> Optional[int]:
+    """Start RUN's background watcher unless one runs; its pid, or None when none is needed.
+
+    No watcher is needed for a run with no rgt host (one only attached by hand) or one
+    whose sidecar already stopped and was followed to the end.
+    """
+    info = store.run(run)
+    run_id = str(info["run"])
+    if not info["target"] or _finished(store, run_id):
+        return None
+    pid = running_pid(run_id)
+    if pid:
+        return pid
+    f = files(run_id)
+    with open(f.log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "controller.watcher", run_id],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        pid = running_pid(run_id)
+        if pid == proc.pid:
+            return pid
+        if proc.poll() is not None:
+            # Another watcher won the lock, or this one failed: its log says which.
+            return running_pid(run_id)
+        time.sleep(0.02)  # waiting on another process's lock: nothing to block on
+    log.warning("the watcher of %s (pid %d) has not taken its lock after %gs; see %s",
+                run_id, proc.pid, wait_s, f.log)
+    return proc.pid
+
+
+def stop_watcher(run: str, timeout_s: float = 10.0) -> bool:
+    """SIGTERM RUN's watcher (only the pid its lock file names) and wait; True if one ran."""
+    pid = running_pid(run)
+    if not pid:
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while running_pid(run) == pid and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return True
+
+
+# ---- links ----------------------------------------------------------------------
+
+
+class Link(Protocol):
+    """How the sidecar's sockets are reached from here."""
+
+    def connect(self) -> Endpoints: ...
+    def alive(self) -> bool: ...
+    def close(self, last: bool) -> None: ...
+
+
+class LocalLink:
+    """Host `local`: the run's sockets are on this machine already."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.rgt_dir = Path(run_dir) / "rgt"
+
+    def connect(self) -> Endpoints:
+        try:
+            return Endpoints.read(self.rgt_dir)
+        except FileNotFoundError as e:
+            raise SshError(f"no sidecar endpoints in {self.rgt_dir} yet") from e
+        except ProtocolError as e:
+            raise SshError(str(e)) from e
+
+    def alive(self) -> bool:
+        return True
+
+    def close(self, last: bool) -> None:
+        pass
+
+
+class SshLink:
+    """An SSH host: the sidecar's two unix sockets forwarded onto the host's ControlMaster."""
+
+    def __init__(self, ssh: Ssh, run: str, run_dir: str, sock_dir: Path) -> None:
+        self.ssh = ssh
+        self.run_dir = run_dir
+        self.local_pub = short_socket_path(sock_dir, f"{run}.pub")
+        self.local_ctl = short_socket_path(sock_dir, f"{run}.ctl")
+        self._remote: Optional[Endpoints] = None
+
+    def connect(self) -> Endpoints:
+        self.ssh.start_master()
+        out = self.ssh.run(f"cat {shlex.quote(self.run_dir + '/rgt/endpoints.json')}", timeout_s=20)
+        try:
+            obj = json.loads(out.stdout)
+            remote = Endpoints(pub=str(obj["pub"]), ctl=str(obj["ctl"]), pid=int(obj.get("pid", 0)))
+        except (ValueError, KeyError, TypeError) as e:
+            raise SshError(f"the sidecar's endpoints.json on {self.ssh.alias} is not readable: {e}") from e
+        for name, where in (("pub", remote.pub), ("ctl", remote.ctl)):
+            if not where.startswith("ipc://"):
+                raise SshError(f"the sidecar's {name} endpoint {where} is not a unix socket; over SSH "
+                               "rgt forwards unix sockets only (launch without --tcp)")
+        self.ssh.forward(self.local_pub, remote.pub[len("ipc://"):])
+        self.ssh.forward(self.local_ctl, remote.ctl[len("ipc://"):])
+        self._remote = remote
+        return Endpoints(pub=f"ipc://{self.local_pub}", ctl=f"ipc://{self.local_ctl}")
+
+    def alive(self) -> bool:
+        return self.ssh.master_pid() is not None
+
+    def close(self, last: bool) -> None:
+        """Drop this run's forwards; stop the master too when no other watcher uses it."""
+        if self._remote is not None and self.alive():
+            for local, remote in ((self.local_pub, self._remote.pub), (self.local_ctl, self._remote.ctl)):
+                try:
+                    self.ssh.cancel_forward(local, remote[len("ipc://"):])
+                except SshError as e:
+                    log.debug("cancel forward %s: %s", local, e)
+        if last:
+            self.ssh.stop_master()
+        for sock in (self.local_pub, self.local_ctl):
+            try:
+                sock.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def make_link(store: Store, run: Dict[str, Any]) -> Link:
+    target = str(run["target"])
+    if target == LOCAL:
+        return LocalLink(str(run["run_dir"]))
+    host = store.host(target)
+    ssh = Ssh(str(host["ssh"]), control_dir=paths.state_dir() / "ssh", config_file=ssh_config_file(),
+              alive_interval_s=int(os.environ.get("RGT_SSH_ALIVE_INTERVAL", "5")),
+              alive_count=int(os.environ.get("RGT_SSH_ALIVE_COUNT", "3")))
+    return SshLink(ssh, str(run["run"]), str(run["run_dir"]), paths.state_dir() / "tunnels")
+
+
+# ---- the watcher ------------------------------------------------------------------
+
+
+class Watcher:
+    """Supervise one run's link and follow its sidecar into the store until the run is over."""
+
+    def __init__(self, run: str, link: Link, *, monotonic: Callable[[], float] = time.monotonic,
+                 backoff: Optional[Backoff] = None) -> None:
+        self.run = run
+        self.link = link
+        self._mono = monotonic
+        self._started = monotonic()
+        self._ever_up = False
+        self.backoff = backoff or Backoff()
+        self.stop = threading.Event()
+        self.link_up = False
+        self._down_since: Optional[float] = None
+        self._down_wall: Optional[float] = None
+        self._lost_recorded = False
+        self._next_try = 0.0
+        self._last_event = monotonic()
+        self._heartbeat_s = DEFAULT_HEARTBEAT_S
+        self._silent = False
+        self._exited_at: Optional[float] = None
+        self._stopping = False
+        self._lock = threading.Lock()
+
+    # called from the subscriber thread
+    def on_events(self, events: Sequence[Event]) -> None:
+        with self._lock:
+            self._last_event = self._mono()
+            for ev in events:
+                if ev.kind == "heartbeat":
+                    interval = ev.data.get("interval_s")
+                    if isinstance(interval, (int, float)) and interval > 0:
+                        self._heartbeat_s = float(interval)
+                elif ev.kind == "job.exited":
+                    self._exited_at = self._mono()
+                elif ev.kind == "sidecar.stopping":
+                    self._stopping = True
+
+    def done(self, sub: Subscriber) -> bool:
+        with self._lock:
+            if not sub.caught_up:
+                return False
+            if self._stopping:
+                return True
+            quiet = self._mono() - self._last_event
+            return self._exited_at is not None and quiet >= EXIT_QUIET_S
+
+    def serve(self, store: Store, sub_store: Store) -> int:
+        """Run until the run is over or stop is set; 0 normally, 1 when the sidecar refuses us."""
+        sub: Optional[Subscriber] = None
+        thread: Optional[threading.Thread] = None
+        failure: Dict[str, str] = {}
+        try:
+            while not self.stop.is_set():
+                endpoints = self._supervise(store)
+                if endpoints is not None and sub is None:
+                    sub = Subscriber(sub_store, endpoints, on_events=self.on_events)
+                    thread = threading.Thread(target=self._follow, args=(sub, failure),
+                                              name=f"subscriber-{self.run}", daemon=True)
+                    thread.start()
+                if sub is not None:
+                    self._check_silence(store)
+                    if self.done(sub) or (thread is not None and not thread.is_alive()):
+                        break
+                self.stop.wait(SUPERVISE_S)
+        finally:
+            self.stop.set()
+            if thread is not None:
+                thread.join(10.0)
+        if failure:
+            store.add_local_event(self.run, "sidecar.degraded", "warn",
+                                  {"source": "controller", "error": failure["error"]})
+            return 1
+        return 0
+
+    def _follow(self, sub: Subscriber, failure: Dict[str, str]) -> None:
+        try:
+            sub.run_until(self.stop, lambda: self.done(sub))
+        except SubscriberError as e:
+            log.error("%s", e)
+            failure["error"] = str(e)
+        finally:
+            self.stop.set()
+
+    def _supervise(self, store: Store) -> Optional[Endpoints]:
+        """Check the link; reconnect when due. Endpoints after each (re)connect, else None."""
+        now = self._mono()
+        if self.link_up and self.link.alive():
+            return None
+        if self.link_up:
+            self._went_down(store, "the SSH connection to the box closed")
+        if now < self._next_try:
+            return None
+        try:
+            endpoints = self.link.connect()
+        except (SshError, OSError, subprocess.TimeoutExpired) as e:
+            if self._ever_up or now - self._started >= STARTUP_GRACE_S:
+                self._went_down(store, str(e))
+            self._next_try = now + self.backoff.next()
+            log.info("run %s: link down (%s); next try in %.1fs", self.run, e, self._next_try - now)
+            return None
+        self.backoff.reset()
+        self.link_up = True
+        self._ever_up = True
+        if self._lost_recorded and self._down_since is not None:
+            store.add_local_event(self.run, "link.restored", "info",
+                                  {"down_s": round(now - self._down_since, 3),
+                                   "attempts": self.backoff.attempts})
+            log.info("run %s: link restored after %.1fs", self.run, now - self._down_since)
+        self._down_since = None
+        self._lost_recorded = False
+        with self._lock:
+            self._last_event = now  # silence is counted from a working link
+        return endpoints
+
+    def _went_down(self, store: Store, why: str) -> None:
+        self.link_up = False
+        if self._down_since is None:
+            self._down_since = self._mono()
+        if not self._lost_recorded:
+            self._lost_recorded = True
+            store.add_local_event(self.run, "link.lost", "warn", {"reason": why, "note": LINK_NOTE})
+            log.warning("run %s: link lost: %s (%s)", self.run, why, LINK_NOTE)
+
+    def _check_silence(self, store: Store) -> None:
+        if not self.link_up:
+            return
+        with self._lock:
+            silent_s = self._mono() - self._last_event
+            budget = SILENT_INTERVALS * self._heartbeat_s
+        if silent_s >= budget and not self._silent:
+            self._silent = True
+            store.add_local_event(self.run, "sidecar.silent", "warn",
+                                  {"state": "onset", "silent_s": round(silent_s, 1),
+                                   "heartbeat_interval_s": self._heartbeat_s})
+        elif silent_s < budget and self._silent:
+            self._silent = False
+            store.add_local_event(self.run, "sidecar.silent", "info", {"state": "cleared"})
+
+
+def _others_use(store: Store, run: str, target: str) -> bool:
+    """Whether a watcher of another run on the same host is running (it shares the master)."""
+    for lock in watcher_dir().glob("*.lock"):
+        other = lock.stem
+        if other == run or not running_pid(other):
+            continue
+        try:
+            if store.run(other)["target"] == target:
+                return True
+        except Exception:  # a run this store does not know: not ours to judge
+            continue
+    return False
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m controller.watcher RUN", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    f = files(args[0])
+    fd = os.open(f.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log.info("another watcher follows %s", args[0])
+        return 0
+    f.pid.write_text(f"{os.getpid()}\n")
+    with Store.open() as store, Store.open() as sub_store:
+        info = store.run(args[0])
+        run = str(info["run"])
+        watcher = Watcher(run, make_link(store, info))
+
+        def stop(signum: int, frame: Optional[FrameType]) -> None:
+            watcher.stop.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        log.info("watching %s on %s (%s)", run, info["target"], info["run_dir"])
+        try:
+            code = watcher.serve(store, sub_store)
+        finally:
+            watcher.link.close(last=not _others_use(store, run, str(info["target"])))
+            f.pid.unlink(missing_ok=True)
+        log.info("stopped watching %s", run)
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
