@@ -25,6 +25,8 @@ from protocol import (
     Event,
     Hello,
     HelloReply,
+    Manifest,
+    ManifestReply,
     ProtocolError,
     SinceReply,
     decode_request,
@@ -38,6 +40,7 @@ from .fsutil import write_json_atomic
 from .jobs import FunctionJob, PeriodicJob, Scheduler
 from .journal import Journal
 from .monitor import HealthMonitor, MonitorConfig
+from .pullmanifest import MANIFEST_REL, ManifestError, build_manifest, save_manifest
 from .settings import custody_config, load_watch, training_config
 from .sources import process
 from .training import TrainingMonitor
@@ -89,7 +92,7 @@ class Sidecar:
         self.run_dir = Path(config.run_dir).resolve()
         self.rgt_dir = self.run_dir / "rgt"
         meta = _run_meta(self.run_dir)
-        keep = ("id", "project", "profile", "started_at", "git_sha")
+        keep = ("id", "project", "profile", "started_at", "git_sha", "watch")
         self.meta: Dict[str, Any] = {k: meta[k] for k in keep if k in meta}
         self.run_id = _checked_id(config.run_id or str(meta.get("id") or self.run_dir.name), "run id")
         host = config.host or str(meta.get("host") or os.uname().nodename.split(".")[0])
@@ -215,6 +218,8 @@ class Sidecar:
                     run_meta=self.meta, last_seq=self.journal.last_seq,
                     oldest_seq=self.journal.oldest_seq,
                 ))
+            if isinstance(req, Manifest):
+                return self._manifest(req)
             with self._emit_lock:  # a consistent (events, last_seq) pair
                 events, more = self.journal.read_since(req.seq, req.limit, PAGE_BYTES)
                 last, oldest = self.journal.last_seq, self.journal.oldest_seq
@@ -230,6 +235,30 @@ class Sidecar:
         except Exception as e:  # a request boundary: answer, log, keep serving
             log.exception("control request failed")
             return encode_reply(ErrorReply(id="", code="internal", message=f"{type(e).__name__}: {e}"))
+
+    def _manifest(self, req: Manifest) -> List[bytes]:
+        """Build and write rgt/PULL_MANIFEST.json; the reply carries it (or says where it is).
+
+        Runs on the control thread, so hello/since wait while it hashes: fine for moderate rosters,
+        since custody hashes are reused and only the includes and checkpoints changed or not yet
+        recorded are read (unpaced). A large manifest is better built with `rgt-onbox manifest`.
+        """
+        try:
+            doc = build_manifest(self.run_dir, host=self.host, extra_includes=req.includes)
+            save_manifest(self.run_dir, doc)
+        except ManifestError as e:
+            return encode_reply(ErrorReply(id=req.id, code="refused", message=str(e)))
+        except OSError as e:
+            log.exception("manifest failed")
+            return encode_reply(ErrorReply(id=req.id, code="internal", message=f"manifest: {e}"))
+        try:
+            return encode_reply(ManifestReply(id=req.id, path=MANIFEST_REL, sha256=doc["sha256"],
+                                              files=len(doc["files"]), total_bytes=doc["total_bytes"],
+                                              doc=doc))
+        except ProtocolError as e:  # over the reply cap: the file is there, fetch it instead
+            return encode_reply(ErrorReply(id=req.id, code=e.code, message=(
+                f"{e}; the manifest ({len(doc['files'])} files, sha256 {doc['sha256']}) was written to "
+                f"{MANIFEST_REL}: fetch that file instead")))
 
     # ---- jobs -------------------------------------------------------------
 
@@ -258,7 +287,8 @@ class Sidecar:
         """The job exited: let the training detectors read its last lines, then judge the run.
 
         The run failed when the job did, and also when a durable checkpoint copy
-        failed, even if training exited 0. The verdict goes into the event and
+        failed or the watched scalars were still NaN/Inf at the end, even if training
+        exited 0. The verdict goes into the event and
         into rgt/final.json. Runs outside the emit lock: the detectors emit too.
         """
         code = data.get("code")
@@ -269,6 +299,10 @@ class Sidecar:
                            else "job exited without an exit code")
         if self.custody.sync_failed:
             reasons.append("a durable checkpoint copy failed (ckpt.sync_failed)")
+        nonfinite = self.training.status().get("nonfinite") or []
+        if nonfinite:
+            names = ", ".join(map(str, nonfinite))
+            reasons.append(f"training ended with non-finite {names} (train.nonfinite)")
         data.update(final_ok=not reasons, final_reasons=reasons)
         write_json_atomic(self.rgt_dir / "final.json", {"ok": not reasons, "code": code, "reasons": reasons})
         return data, ("info" if not reasons else "warn") if sev in (None, "info") else sev

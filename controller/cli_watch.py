@@ -1,0 +1,309 @@
+"""`rgt watch`, `rgt status`, `rgt plot` and `rgt policy`: the commands that tell what a run does.
+
+Thin commands over controller.watch, .status, .plot and .wake. They are not
+attached to the `rgt` group here; controller/cli.py adds them. `rgt watch`
+prints exactly one JSON line on stdout whatever its exit code (usage errors it
+detects itself included), so an agent that runs it in the background can
+always parse why it woke.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any, Callable, Dict, NoReturn, Optional, Sequence
+
+import click
+import protocol
+
+from controller import status as status_mod
+from controller import wake
+from controller.clibase import CliError, RgtCommand, emit_json, sigterm_as_interrupt
+from controller.plot import PlotError, plot
+from controller.render import printable
+from controller.store import AmbiguousRun, RunNotFound, Store
+from controller.watch import WatchResult, watch
+
+log = logging.getLogger(__name__)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+DEFAULT_TIMEOUT = "6h"
+
+
+def parse_duration(text: str) -> float:
+    """90, 90s, 15m, 6h, 1d (and 1.5h) as seconds; ValueError otherwise."""
+    m = _DURATION.match(text or "")
+    if not m:
+        raise ValueError(f"{text!r} is not a duration (like 90, 90s, 15m, 6h, 1d)")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
+    """A click callback: DUR options as seconds (a usage error when malformed)."""
+    try:
+        return None if value is None else parse_duration(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx, param) from e
+
+
+def _watcher_starter(store: Store) -> Callable[[str], Any]:
+    """ensure_watcher bound to this store; a no-op where controller.watcher is not available."""
+    try:
+        from controller.watcher import ensure_watcher
+    except ImportError as e:
+        log.debug("no background watcher available: %s", e)
+        return lambda run: None
+    return lambda run: ensure_watcher(store, run)
+
+
+# ---- rgt watch --------------------------------------------------------------------
+
+
+def _usage(message: str) -> NoReturn:
+    emit_json({"exit": 2, "error": message})
+    raise click.UsageError(message)
+
+
+def _overrides(min_sev: Optional[str], add: Sequence[str], mute: Sequence[str],
+               link_budget: Optional[str]) -> Dict[str, Any]:
+    layer: Dict[str, Any] = {}
+    if min_sev is not None:
+        layer["min_sev"] = min_sev
+    if add:
+        layer["add"] = list(add)
+    if mute:
+        layer["mute"] = list(mute)
+    if link_budget is not None:
+        layer["link_budget_s"] = parse_duration(link_budget)
+    return wake.check_layer(layer)
+
+
+def _sentence(result: WatchResult) -> str:
+    r = result.record
+    if result.exit_code == 3:
+        lines = "; ".join(f"{run}: {line}" for run, line in r.get("status", {}).items())
+        return f"timeout: nothing material happened. {lines}"
+    if "explain" in r:
+        head = {0: "finished", 4: "link down", 10: "woke"}.get(result.exit_code, "ended")
+        head += " (reported before)" if r.get("already_reported") else ""
+        return f"{head}: {r['explain']} (run {r['run']}). next: {r['next']}"
+    return str(r.get("status", ""))
+
+
+_WATCH_HELP = """Wait until something material happens to RUN, then exit with a code that says what.
+
+\b
+Exit codes:
+   10  a material event: a warn/critical state change, a failed job exit,
+       the sidecar silent, or what the policy adds (`rgt policy`); also
+       at once when RUN had already ended badly ("already_reported")
+    0  the run finished cleanly (with --all: no run is left to watch)
+    3  --timeout passed with nothing material
+    4  the link stayed down past the link budget (this says nothing
+       about the job: check the box)
+    2  usage error
+
+Exactly one JSON line goes to stdout at the end: {"exit", "run", "event",
+"explain", "next", "woke_at"} for 10/0/4, {"exit", "runs", "status"} for 3.
+An event that ended one watch never ends the next, and a flapping condition
+wakes once per flap window. Without --from-now, events stored earlier that
+woke nobody yet are judged first.
+
+\b
+Examples:
+  rgt watch train-7f3a --timeout 6h &      # a coding agent: woken by the exit
+  rgt watch --all --timeout 30m --json
+  rgt watch train-7f3a --add ckpt.saved --mute gpu.throttle
+"""
+
+
+@click.command("watch", cls=RgtCommand, help=_WATCH_HELP)
+@click.argument("runs", nargs=-1, metavar="[RUN]...")
+@click.option("--all", "all_runs", is_flag=True, help="Every run in the store that has not ended.")
+@click.option("--timeout", "timeout", metavar="DUR", default=DEFAULT_TIMEOUT, show_default=True,
+              help="End with exit 3 after DUR: 90, 90s, 15m, 6h, 1d.")
+@click.option("--json", "as_json", is_flag=True, help="Only the JSON line; no sentence on stderr.")
+@click.option("--from-now", is_flag=True, help="Only events that arrive after the watch starts.")
+@click.option("--min-sev", metavar="SEV", help="Lowest severity that wakes: info, warn (default), critical.")
+@click.option("--add", multiple=True, metavar="KIND",
+              help="Also wake on KIND (a kind, or a prefix like ckpt.). Repeatable.")
+@click.option("--mute", multiple=True, metavar="KIND", help="Never wake on KIND. Repeatable.")
+@click.option("--link-budget", metavar="DUR", help="How long the link may stay down before exit 4.")
+def watch_command(runs: Sequence[str], all_runs: bool, timeout: str, as_json: bool, from_now: bool,
+                  min_sev: Optional[str], add: Sequence[str], mute: Sequence[str],
+                  link_budget: Optional[str]) -> None:
+    if all_runs == bool(runs):
+        _usage("give RUN or --all (not both)")
+    try:
+        timeout_s = parse_duration(timeout)
+        overrides = _overrides(min_sev, add, mute, link_budget)
+    except ValueError as e:
+        _usage(str(e))
+    with Store.open() as store, sigterm_as_interrupt():
+        starter = _watcher_starter(store)
+        try:
+            result = watch(store, runs, all_runs=all_runs, timeout_s=timeout_s,
+                           policy_overrides=overrides, from_now=from_now, ensure_watcher=starter)
+        except (RunNotFound, AmbiguousRun) as e:
+            _usage(f"{e}" + (f" ({e.hint})" if e.hint else ""))
+        except ValueError as e:
+            _usage(str(e))
+        except KeyboardInterrupt:
+            emit_json({"exit": 1, "error": "interrupted"})
+            raise click.Abort() from None
+    emit_json(result.record)
+    if not as_json:
+        click.echo(printable(_sentence(result)), err=True)
+    raise click.exceptions.Exit(result.exit_code)
+
+
+# ---- rgt status -------------------------------------------------------------------
+
+
+@click.command("status", cls=RgtCommand)
+@click.argument("run", required=False, metavar="[RUN]")
+@click.option("--json", "as_json", is_flag=True,
+              help="A JSON object (with RUN) or {\"runs\": [...]} (without) instead of text.")
+@click.option("--ref", metavar="OTHER_RUN",
+              help="Compare each metric with OTHER_RUN's value at the same step (or epoch).")
+def status_command(run: Optional[str], as_json: bool, ref: Optional[str]) -> None:
+    """Where RUN stands: state, progress and ETA, metrics and their age, GPUs, newest checkpoint,
+    disk, open conditions, link. Without RUN: every run, newest first.
+
+    \b
+    Examples:
+      rgt status train-7f3a
+      rgt status train-7f3a --ref train-baseline --json
+    """
+    with Store.open() as store:
+        ids = [store.resolve_run(run)] if run else [str(r["run"]) for r in store.runs()]
+        ref_id = store.resolve_run(ref) if ref else None
+        starter = _watcher_starter(store)
+        for run_id in ids:
+            try:
+                starter(run_id)
+            except Exception:  # status shows what is stored even when the watcher cannot start
+                log.warning("could not start the background watcher of %s", run_id, exc_info=True)
+        summaries = [status_mod.summarize(store, run_id, ref_id if ref_id != run_id else None)
+                     for run_id in ids]
+    if as_json:
+        emit_json(summaries[0] if run else {"runs": summaries})
+    elif not summaries:
+        click.echo("no runs stored yet (`rgt launch` or `rgt attach` records them)")
+    else:
+        click.echo("\n\n".join(status_mod.render(s) for s in summaries))
+
+
+# ---- rgt plot ---------------------------------------------------------------------
+
+
+@click.command("plot", cls=RgtCommand)
+@click.argument("run", metavar="RUN")
+@click.option("--ref", metavar="OTHER_RUN", help="Draw OTHER_RUN's curves too (dashed).")
+@click.option("-o", "--output", "output", required=True, metavar="FILE.png",
+              type=click.Path(dir_okay=False, path_type=Path), help="Where to write the image.")
+@click.option("--metric", "metrics", multiple=True, metavar="NAME",
+              help="A metric to draw (repeatable); default: the first few, losses first.")
+def plot_command(run: str, ref: Optional[str], output: Path, metrics: Sequence[str]) -> None:
+    """Draw RUN's loss and metric curves (from its train.progress events) into FILE.png.
+
+    \b
+    Examples:
+      rgt plot train-7f3a -o loss.png
+      rgt plot train-7f3a --ref train-baseline --metric loss --metric acc -o cmp.png
+    """
+    with Store.open() as store:
+        try:
+            written = plot(store, run, ref, output, metrics)
+        except PlotError as e:
+            raise CliError(str(e), e.hint) from e
+    click.echo(f"wrote {printable(str(written))}")
+
+
+# ---- rgt policy -------------------------------------------------------------------
+
+
+def _edit(layer: Dict[str, Any], add: Sequence[str], mute: Sequence[str], min_sev: Optional[str],
+          quiet: Sequence[str], flap_window: Optional[float], link_budget: Optional[float]) -> Dict[str, Any]:
+    out = dict(layer)
+    for key, other, kinds in (("add", "mute", add), ("mute", "add", mute)):
+        for kind in wake.parse_kinds(list(kinds), key):
+            out[key] = [k for k in out.get(key, []) if k != kind] + [kind]
+            out[other] = [k for k in out.get(other, []) if k != kind]
+    if min_sev is not None:
+        out["min_sev"] = min_sev
+    if quiet:
+        out["quiet"] = [] if list(quiet) == ["off"] else list(quiet)
+    if flap_window is not None:
+        out["flap_window_s"] = flap_window
+    if link_budget is not None:
+        out["link_budget_s"] = link_budget
+    # an empty add/mute list says nothing; an empty quiet list turns inherited quiet hours off
+    return wake.check_layer({k: v for k, v in out.items() if v != [] or k == "quiet"})
+
+
+def _show(scope: str, stored: Dict[str, Any], effective: wake.Policy) -> str:
+    e = effective
+    lines = [f"policy for {'every run (default)' if scope == '*' else scope}",
+             f"  stored     {stored or 'nothing (inherits)'}",
+             f"  min_sev    {e.min_sev}", f"  add        {', '.join(e.add) or '-'}",
+             f"  mute       {', '.join(e.mute) or '-'}", f"  quiet      {', '.join(e.quiet) or '-'}",
+             f"  flap       {wake.seconds(e.flap_window_s)}", f"  link       {wake.seconds(e.link_budget_s)}"]
+    return "\n".join(printable(line) for line in lines)
+
+
+@click.command("policy", cls=RgtCommand)
+@click.argument("run", required=False, metavar="[RUN]")
+@click.option("--default", "default", is_flag=True, help="The default for every run (also without RUN).")
+@click.option("--add", multiple=True, metavar="KIND", help="Always wake on KIND (or a prefix like ckpt.).")
+@click.option("--mute", multiple=True, metavar="KIND", help="Never wake on KIND (job.exited cannot be).")
+@click.option("--min-sev", type=click.Choice(protocol.SEVERITIES), help="Lowest severity that wakes.")
+@click.option("--quiet", multiple=True, metavar="HH:MM-HH:MM",
+              help="Local-time quiet hours (only critical events and job exits wake); 'off' clears.")
+@click.option("--flap-window", callback=_duration, metavar="DUR",
+              help="A condition that woke does not wake again within DUR.")
+@click.option("--link-budget", callback=_duration, metavar="DUR",
+              help="How long the link may stay down before `rgt watch` exits 4.")
+@click.option("--reset", is_flag=True, help="Forget the stored policy first.")
+@click.option("--json", "as_json", is_flag=True, help="{\"scope\", \"stored\", \"effective\"} as JSON.")
+def policy_command(run: Optional[str], default: bool, add: Sequence[str], mute: Sequence[str],
+                   min_sev: Optional[str], quiet: Sequence[str], flap_window: Optional[float],
+                   link_budget: Optional[float], reset: bool, as_json: bool) -> None:
+    """Show, or change and show, the wake policy of RUN or the default of every run.
+
+    A run's policy is the default's with the run's own on top, and `rgt watch`
+    options on top of both.
+
+    \b
+    Examples:
+      rgt policy --default --quiet 23:00-07:00 --mute gpu.throttle
+      rgt policy train-7f3a --add ckpt.saved --min-sev critical
+      rgt policy train-7f3a --reset
+    """
+    if run and default:
+        raise click.UsageError("give RUN or --default, not both")
+    with Store.open() as store:
+        scope = "*"
+        if run:
+            try:
+                scope = store.resolve_run(run)
+            except RunNotFound:  # a policy may be set before the run is launched
+                scope = run
+                click.echo(f"warning: no run {printable(run)} stored yet; the policy waits for it", err=True)
+        stored = {} if reset else store.policy(scope)
+        changing = reset or any((add, mute, min_sev, quiet, flap_window is not None, link_budget is not None))
+        try:
+            layer = _edit(stored, add, mute, min_sev, quiet, flap_window, link_budget)
+            effective = wake.merged(layer) if scope == "*" else wake.merged(store.policy("*"), layer)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from e
+        if changing:
+            store.set_policy(scope, layer)
+    if as_json:
+        emit_json({"scope": scope, "stored": layer, "effective": effective.to_dict()})
+    else:
+        click.echo(_show(scope, layer, effective))
+
+
+__all__ = ["parse_duration", "plot_command", "policy_command", "status_command", "watch_command"]

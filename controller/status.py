@@ -1,0 +1,363 @@
+"""`rgt status`: what a run is doing, from its stored events, on one screen (or one JSON object).
+
+Everything comes from the store: the sidecar's events (observation time `ts`,
+and for training values the box's own `data_age_s`) and what the controller
+saw itself (link.lost / link.restored / sidecar.silent). Ages are `now - ts`,
+so a run whose link is down shows its last numbers with their true age, never
+a guess. JSON keys are stable and carry their units (age_s, bytes, steps_per_s).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import protocol
+
+from controller import wake
+from controller.render import local_time, printable
+from controller.store import LocalEvent, Store
+from controller.wake import AnyEvent, number, seconds, size
+
+PAGE = 5000
+RECENT = 5  # recent problems listed
+# One-shot kinds that stay open until something ends them (they have no "state").
+STICKY = ("gpu.lost", "ckpt.stale", "ckpt.sync_failed", "sidecar.degraded")
+# Kinds that end conditions of another kind without being their clear kind.
+ENDS = {"ckpt.saved": ("ckpt.stale",), "ckpt.durable": ("ckpt.sync_failed",),
+        "job.exited": ("job.stalled", "train.slow"),
+        # A new job attempt is judged afresh: its detectors forget the old episodes without events.
+        "job.started": ("train.", "job.stalled"),
+        # A new sidecar re-detects box conditions from scratch (their state is not kept).
+        "sidecar.started": ("gpu.", "disk.", "mem.", "sidecar.degraded")}
+LIFECYCLE = ("job.started", "job.exited", "sidecar.started", "sidecar.stopping")
+
+
+def _num(value: Any) -> Optional[float]:
+    """A finite number, else None ("nan" strings, None, text)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _age(now: float, ts: Optional[float]) -> Optional[float]:
+    return None if ts is None else round(max(0.0, now - ts), 1)
+
+
+def all_events(store: Store, run: str, kind_prefix: Optional[str] = None) -> Iterator[protocol.Event]:
+    pos = 0
+    while True:
+        batch = store.events(run, since=pos, kind_prefix=kind_prefix, limit=PAGE)
+        yield from batch
+        if len(batch) < PAGE:
+            return
+        pos = batch[-1].seq
+
+
+def _cond_id(event: AnyEvent) -> Tuple[str, str]:
+    base = wake.CLEAR_KINDS.get(event.kind, event.kind)
+    if base == "sidecar.degraded":
+        return base, str(event.data.get("part", ""))
+    return base, wake.identity(event)
+
+
+class _Reader:
+    """One pass over a run's events, keeping only what the summary shows."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.latest: Dict[str, AnyEvent] = {}          # newest event per kind
+        self.gpus: Dict[Any, AnyEvent] = {}              # newest gpu.sample per GPU
+        self.open: Dict[Tuple[str, str], Dict[str, Any]] = {}
+        self.recent: List[AnyEvent] = []
+        self.lifecycle: Optional[AnyEvent] = None
+        self.job_started_at: Optional[float] = None
+        self.durable: set[str] = set()
+        self.counts = {"info": 0, "warn": 0, "critical": 0}
+
+    def feed(self, ev: AnyEvent) -> None:
+        kind = ev.kind
+        self.latest[kind] = ev
+        if ev.sev in self.counts and not protocol.is_telemetry(kind):
+            self.counts[ev.sev] += 1
+        if kind == "gpu.sample":
+            self.gpus[ev.data.get("gpu")] = ev
+        elif kind == "ckpt.durable":
+            self.durable.add(str(ev.data.get("sha256")))
+        if kind in LIFECYCLE and isinstance(ev, protocol.Event):
+            self.lifecycle = ev
+            if kind == "job.started":
+                self.job_started_at = ev.ts
+        self._conditions(ev)
+
+    def _conditions(self, ev: AnyEvent) -> None:
+        for prefix in ENDS.get(ev.kind, ()):
+            self.open = {k: v for k, v in self.open.items() if not k[0].startswith(prefix)}
+        key = _cond_id(ev)
+        if wake.is_clear(ev):
+            self.open.pop(key, None)
+            return
+        if protocol.is_telemetry(ev.kind) or ev.kind in wake.LINK_KINDS or ev.sev == "info":
+            return
+        state = ev.data.get("state")
+        if state in ("onset", "escalated") or ev.kind in STICKY:
+            since = self.open.get(key, {}).get("since_ts", ev.ts)
+            self.open[key] = {"kind": key[0], "ident": key[1], "sev": ev.sev, "since_ts": since,
+                              "age_s": _age(self.now, since), "explain": wake.explain(ev)}
+        elif ev.kind != "job.exited":
+            self.recent = (self.recent + [ev])[-RECENT:]
+
+
+def _read(store: Store, run: str, now: float) -> Tuple[_Reader, List[LocalEvent]]:
+    reader = _Reader(now)
+    local = store.local_events(run)
+    merged: Iterator[AnyEvent] = heapq.merge(all_events(store, run), local, key=lambda e: e.ts)
+    for ev in merged:
+        reader.feed(ev)
+    return reader, local
+
+
+def _link(local: Sequence[LocalEvent], now: float) -> Dict[str, Any]:
+    state, since = "unknown", None
+    for ev in local:
+        if ev.kind == "link.lost":
+            state, since = "down", ev.ts
+        elif ev.kind == "link.restored":
+            state, since = "up", ev.ts
+        elif ev.kind == "sidecar.silent" and state != "down":
+            cleared = wake.is_clear(ev)
+            state, since = ("up" if cleared else "silent"), ev.ts
+    return {"state": state, "since_ts": since, "age_s": _age(now, since)}
+
+
+def _progress(reader: _Reader, meta: Mapping[str, Any], now: float) -> Dict[str, Any]:
+    ev = reader.latest.get("train.progress")
+    d: Mapping[str, Any] = ev.data if ev is not None else {}
+    watch = meta.get("watch")
+    found = (meta.get("expected_steps"), watch.get("expected_steps") if isinstance(watch, Mapping) else None,
+             d.get("expected_steps"), d.get("total_steps"))
+    expected = next((n for n in map(_num, found) if n), None)
+    step, rate = _num(d.get("step")), _num(d.get("steps_per_s"))
+    eta = None
+    if step is not None and expected and rate and rate > 0:
+        eta = round(max(0.0, expected - step) / rate, 1)
+    age, box_age = _age(now, ev.ts if ev else None), _num(d.get("data_age_s"))
+    total_age = None if age is None else round(age + (box_age or 0.0), 1)
+    raw = d.get("scalars")
+    scalars = {str(name): {"value": value, "data_age_s": total_age}
+               for name, value in (raw.items() if isinstance(raw, Mapping) else ())}
+    pct = round(100.0 * step / expected, 1) if expected and step is not None else None
+    return {"step": d.get("step"), "epoch": d.get("epoch"), "steps_per_s": rate, "expected_steps": expected,
+            "progress_pct": pct, "eta_s": eta, "scalars": scalars,
+            "progress_age_s": age, "box_data_age_s": box_age, "data_age_s": total_age}
+
+
+def _state(reader: _Reader, link: Mapping[str, Any]) -> Tuple[str, str]:
+    last = reader.lifecycle
+    stalled = reader.open.get(("job.stalled", ""))
+    if last is not None and last.kind == "job.exited":
+        ok = wake.finished_cleanly(last)
+        return ("exited ok" if ok else "exited failed"), wake.explain(last, reader.job_started_at)
+    if stalled is not None:
+        state, reason = "stalled", str(stalled["explain"])
+    elif last is not None and last.kind == "sidecar.stopping":
+        state, reason = "unknown", "the sidecar stopped and no job exit is stored"
+    elif last is not None or "train.progress" in reader.latest or "heartbeat" in reader.latest:
+        state, reason = "running", "no job exit stored"
+    else:
+        return "unknown", "no job events stored yet"
+    if link.get("state") == "down":
+        reason += (f"; as last seen: the link is down for {seconds(link.get('age_s'))}, "
+                   "which says nothing about the job")
+    return state, reason
+
+
+def _stat(d: Mapping[str, Any], name: str, which: str) -> Any:
+    """One of min/mean/max of a gpu.sample gauge, or None."""
+    gauge = d.get(name)
+    return gauge.get(which) if isinstance(gauge, Mapping) else None
+
+
+def _gpus(reader: _Reader, now: float) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    rows = []
+    for ev in sorted(reader.gpus.values(), key=lambda e: str(e.data.get("gpu"))):
+        d = ev.data
+        rows.append({"gpu": d.get("gpu"), "util_pct": _stat(d, "utilization_gpu_pct", "mean"),
+                     "memory_used_bytes": _stat(d, "memory_used_bytes", "max"),
+                     "memory_total_bytes": d.get("memory_total_bytes"),
+                     "temperature_c": _stat(d, "temperature_c", "max"),
+                     "power_mw": _stat(d, "power_mw", "mean"),
+                     "clock_event_reasons": d.get("clock_event_reason_names") or [],
+                     "age_s": _age(now, ev.ts)})
+    problems = [c for c in reader.open.values() if c["kind"].startswith("gpu.")]
+    if problems:
+        worst = max(problems, key=lambda c: wake.severity(str(c["sev"])))
+        health = {"state": worst["sev"], "problems": [c["explain"] for c in problems]}
+    else:
+        health = {"state": "ok" if rows else "unknown", "problems": []}
+    return rows, health
+
+
+def _checkpoint(reader: _Reader, now: float) -> Optional[Dict[str, Any]]:
+    ev = reader.latest.get("ckpt.saved")
+    if ev is None:
+        return None
+    d = ev.data
+    sha = str(d.get("sha256") or "")
+    return {"path": d.get("path"), "step": d.get("step"), "size_bytes": d.get("size"),
+            "sha256_prefix": sha[:12], "age_s": _age(now, ev.ts), "durable": sha in reader.durable}
+
+
+def _disk(reader: _Reader, now: float) -> Dict[str, Any]:
+    ev = reader.latest.get("disk.sample")
+    rows = ev.data.get("filesystems") if ev is not None else None
+    keep = ("path", "avail_bytes", "total_bytes", "used_pct", "inodes_used_pct", "eta_to_full_s")
+    fs = [{k: row.get(k) for k in keep} for row in rows or [] if isinstance(row, Mapping)]
+    return {"filesystems": fs, "age_s": _age(now, ev.ts if ev is not None else None)}
+
+
+def _series(store: Store, run: str) -> List[Tuple[Optional[float], Optional[float], Mapping[str, Any]]]:
+    """(step, epoch, scalars) of every train.progress of a run, in seq order."""
+    out = []
+    for ev in all_events(store, run, "train.progress"):
+        scalars = ev.data.get("scalars")
+        out.append((_num(ev.data.get("step")), _num(ev.data.get("epoch")),
+                    scalars if isinstance(scalars, Mapping) else {}))
+    return out
+
+
+def reference(store: Store, ref: str, progress: Mapping[str, Any]) -> Dict[str, Any]:
+    """The reference run's value of each current scalar at the same step (else epoch): the last
+    reference value at a step <= the current one, and the difference (absolute and relative)."""
+    ref_id = store.resolve_run(ref)
+    series = _series(store, ref_id)
+    step, epoch = _num(progress.get("step")), _num(progress.get("epoch"))
+    by_step = step is not None and any(point[0] is not None for point in series)
+    by, at = ("step", step) if by_step else ("epoch", epoch)
+    out: Dict[str, Any] = {"run": ref_id, "by": by, "at": at, "metrics": {}}
+    if at is None:
+        return out
+    for name, cur in progress.get("scalars", {}).items():
+        best: Optional[Tuple[float, Any]] = None
+        for p_step, p_epoch, scalars in series:
+            x = p_step if by_step else p_epoch
+            if x is not None and x <= at and name in scalars and (best is None or x >= best[0]):
+                best = (x, scalars[name])
+        if best is None:
+            continue
+        value, ref_value = _num(cur.get("value")), _num(best[1])
+        diff = value - ref_value if value is not None and ref_value is not None else None
+        rel = diff / abs(ref_value) if diff is not None and ref_value else None
+        out["metrics"][name] = {"value": cur.get("value"), "ref_value": best[1], "ref_at": best[0],
+                                "diff": diff, "rel_diff": rel}
+    return out
+
+
+def summarize(store: Store, run: str, ref: Optional[str] = None,
+              now: Optional[float] = None) -> Dict[str, Any]:
+    """Everything `rgt status` shows about one run, as a JSON-able dict (see the module doc)."""
+    now = time.time() if now is None else now
+    info = store.run(run)
+    run_id = str(info["run"])
+    reader, local = _read(store, run_id, now)
+    link = _link(local, now)
+    state, reason = _state(reader, link)
+    progress = _progress(reader, info.get("meta") or {}, now)
+    gpus, gpu_health = _gpus(reader, now)
+    heartbeat = reader.latest.get("heartbeat")
+    gaps = store.gaps(run_id)
+    out: Dict[str, Any] = {
+        "run": run_id, "host": info.get("host"), "target": info.get("target"), "generated_at": now,
+        "state": state, "state_reason": reason, **progress,
+        "gpus": gpus, "gpu_health": gpu_health, "checkpoint": _checkpoint(reader, now),
+        "disk": _disk(reader, now),
+        "open_conditions": sorted(reader.open.values(), key=lambda c: float(c["since_ts"])),
+        "recent_problems": [{"kind": e.kind, "sev": e.sev, "ts": e.ts, "age_s": _age(now, e.ts),
+                             "explain": wake.explain(e)} for e in reader.recent],
+        "link": link, "heartbeat_age_s": _age(now, heartbeat.ts if heartbeat else None),
+        "events": {"stored": store.count_events(run_id), "local": len(local), **reader.counts,
+                   "cursor": store.cursor(run_id)},
+        "gaps": gaps, "missing_events": sum(g["last_seq"] - g["first_seq"] + 1 for g in gaps),
+        "ref": reference(store, ref, progress) if ref else None,
+    }
+    return out
+
+
+# ---- for people ---------------------------------------------------------------
+
+
+def _scalars(summary: Mapping[str, Any]) -> str:
+    parts = [f"{name} {number(s.get('value'))}" for name, s in summary.get("scalars", {}).items()]
+    age = summary.get("data_age_s")
+    return "  ".join(parts) + (f"  ({seconds(age)} old)" if parts and age is not None else "")
+
+
+def one_line(summary: Mapping[str, Any]) -> str:
+    """state, step, loss and link in one printable line (the timeout record of `rgt watch`)."""
+    parts = [str(summary["state"])]
+    if summary.get("step") is not None:
+        total = summary.get("expected_steps")
+        parts.append(f"step {number(summary['step'])}" + (f"/{number(total)}" if total else ""))
+    if summary.get("scalars"):
+        parts.append(_scalars(summary))
+    parts.append(f"link {summary['link']['state']}")
+    return printable(", ".join(parts))
+
+
+def _progress_line(s: Mapping[str, Any]) -> str:
+    if s.get("step") is None and s.get("epoch") is None:
+        return "no training progress stored"
+    text = f"step {number(s.get('step'))}"
+    if s.get("expected_steps"):
+        text += f" / {number(s['expected_steps'])} ({s.get('progress_pct')}%)"
+    text += f", epoch {number(s['epoch'])}" if s.get("epoch") is not None else ""
+    text += f", {number(s['steps_per_s'])} steps/s" if s.get("steps_per_s") is not None else ""
+    return text + (f", ETA {seconds(s['eta_s'])}" if s.get("eta_s") is not None else "")
+
+
+def _gpu_line(g: Mapping[str, Any]) -> str:
+    text = (f"{g.get('gpu')}: {number(g.get('util_pct'))}% util, {size(g.get('memory_used_bytes'))}"
+            f"/{size(g.get('memory_total_bytes'))}, {number(g.get('temperature_c'))} C, "
+            f"{number((_num(g.get('power_mw')) or 0) / 1000)} W ({seconds(g.get('age_s'))} old)")
+    reasons = ", ".join(map(str, g.get("clock_event_reasons") or []))
+    return text + (f" [{reasons}]" if reasons else "")
+
+
+def render(s: Mapping[str, Any]) -> str:
+    """One screen for people; every line escaped (run ids, paths and names come from the box)."""
+    lines = [f"run {s['run']} on {s.get('host') or '?'}"
+             + (f" (via {s['target']})" if s.get("target") else ""),
+             f"  state     {s['state']}: {s['state_reason']}", f"  progress  {_progress_line(s)}"]
+    if s.get("scalars"):
+        lines.append(f"  metrics   {_scalars(s)}")
+    ref = s.get("ref")
+    if ref:
+        cmp = [f"{n} {number(m['ref_value'])} at {ref['by']} {number(m['ref_at'])} (diff {number(m['diff'])}"
+               + (f", {100 * m['rel_diff']:+.1f}%" if m.get("rel_diff") is not None else "") + ")"
+               for n, m in ref["metrics"].items()]
+        lines.append(f"  vs ref    {ref['run']}: " + ("; ".join(cmp) or "no comparable point"))
+    lines += [f"  gpu       {_gpu_line(g)}" for g in s["gpus"]] or ["  gpu       no GPU samples stored"]
+    ck = s.get("checkpoint")
+    lines.append("  ckpt      " + (f"{ck['path']}  step {number(ck['step'])}  {size(ck['size_bytes'])}  "
+                                   f"sha256 {ck['sha256_prefix']}  {seconds(ck['age_s'])} old"
+                                   + ("  durable" if ck["durable"] else "") if ck else "none hashed yet"))
+    for fs in s["disk"]["filesystems"]:
+        lines.append(f"  disk      {fs['path']}  {size(fs['avail_bytes'])} free of {size(fs['total_bytes'])}"
+                     f" ({number(fs['used_pct'])}% used, inodes {number(fs['inodes_used_pct'])}%)")
+    for c in s["open_conditions"]:
+        lines.append(f"  open      {c['sev']}: {c['explain']} (since {local_time(c['since_ts'])})")
+    for p in s["recent_problems"]:
+        lines.append(f"  recent    {p['sev']}: {p['explain']} ({seconds(p['age_s'])} ago)")
+    link, hb = s["link"], s.get("heartbeat_age_s")
+    lines.append(f"  link      {link['state']}"
+                 + (f" for {seconds(link['age_s'])}" if link.get("age_s") is not None else "")
+                 + (f", last heartbeat {seconds(hb)} ago" if hb is not None else ""))
+    ev = s["events"]
+    lines.append(f"  events    {number(ev['stored'])} stored ({ev['warn']} warn, {ev['critical']} critical), "
+                 f"{ev['local']} local; " + (f"{s['missing_events']} lost in {len(s['gaps'])} gap(s)"
+                                             if s["gaps"] else "no gaps"))
+    return "\n".join(printable(line) for line in lines)
+
+
+__all__ = ["all_events", "one_line", "reference", "render", "summarize"]

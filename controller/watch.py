@@ -1,0 +1,347 @@
+"""`rgt watch`: wait until something material happens to a run, then end with a code (DESIGN.md §6).
+
+    10  a material event (controller.wake decides which); the record explains it.
+        Also at once for a run that had already ended badly (already_reported says
+        whether a watch told it before): 0 never stands for a failed run.
+     0  the run finished cleanly (with all_runs: also when no run is left to watch)
+     3  the timeout passed with nothing material
+     4  the link stayed down past the policy's link budget: the transport is
+        down, which says nothing about the job
+
+It always ends, and an event that ended one watch never ends the next:
+Store.mark_woken records each wake. Without from_now every stored event of
+the run that has not woken anyone yet is judged first, so an agent that starts
+watching late still learns of a NaN. Events may land out of seq order (gap
+repair), so the loop remembers which seqs it judged above the run's cursor
+rather than only the largest one. Waiting is a cheap PRAGMA data_version poll;
+the events are re-read only when another connection committed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import logging
+import time
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set
+
+from controller import status as status_mod
+from controller import wake
+from controller.render import printable
+from controller.store import LocalEvent, Store
+from controller.wake import AnyEvent, Policy, seconds
+
+log = logging.getLogger(__name__)
+
+EXIT_CLEAN = 0
+EXIT_MATERIAL = 10
+EXIT_TIMEOUT = 3
+EXIT_LINK = 4
+POLL_S = 0.05
+ENSURE_EVERY_S = 5.0
+PAGE = 5000
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchResult:
+    exit_code: int
+    record: Dict[str, Any]
+
+
+@dataclasses.dataclass
+class _Run:
+    """What the watch knows of one run between polls."""
+
+    run: str
+    policy: Policy
+    floor: int = 0                        # every sidecar seq <= floor was judged
+    seen: Set[int] = dataclasses.field(default_factory=set)   # judged seqs above floor
+    local_floor: int = 0                  # every local event id <= this was judged
+    job_started_at: Optional[float] = None
+    last_life: Optional[AnyEvent] = None  # newest job.started/exited, sidecar.started/stopping
+    link_lost: Optional[LocalEvent] = None   # the newest link.* event, when it is link.lost
+    deferred: List[AnyEvent] = dataclasses.field(default_factory=list)  # held back by quiet hours
+
+    def over(self) -> bool:
+        return self.last_life is not None and self.last_life.kind in ("job.exited", "sidecar.stopping")
+
+    def note(self, ev: AnyEvent) -> None:
+        if isinstance(ev, LocalEvent):
+            if ev.kind in wake.LINK_KINDS:
+                self.link_lost = ev if ev.kind == "link.lost" else None
+            return
+        if ev.kind in status_mod.LIFECYCLE:
+            self.last_life = ev
+            if ev.kind == "job.started":
+                self.job_started_at = ev.ts
+
+
+def policy_for(store: Store, run: str, overrides: Mapping[str, Any]) -> Policy:
+    """default <- stored "*" <- stored for the run <- the command line's overrides."""
+    return wake.merged(store.policy("*"), store.policy(run), overrides)
+
+
+def live_runs(store: Store) -> List[str]:
+    """Runs whose newest lifecycle event is not a job exit or a sidecar stop, newest first."""
+    out = []
+    for info in store.runs():
+        st = _Run(str(info["run"]), Policy())
+        _lifecycle(store, st)
+        if not st.over():
+            out.append(st.run)
+    return out
+
+
+def _lifecycle(store: Store, st: _Run) -> None:
+    events = store.events(st.run, kind_prefix="job.") + store.events(st.run, kind_prefix="sidecar.st")
+    for ev in sorted(events, key=lambda e: e.seq):
+        st.note(ev)
+
+
+def _start(store: Store, run: str, overrides: Mapping[str, Any], from_now: bool) -> _Run:
+    st = _Run(run, policy_for(store, run, overrides))
+    _lifecycle(store, st)
+    for ev in store.local_events(run, kind_prefix="link."):
+        st.note(ev)
+    if from_now:
+        st.floor = store.cursor(run)
+        st.seen = {e.seq for e in store.events(run, since=st.floor)}
+        local = store.local_events(run)
+        st.local_floor = local[-1].id if local else 0
+    return st
+
+
+def _fresh(store: Store, st: _Run) -> Iterator[AnyEvent]:
+    """Events of the run not judged yet, page by page (a long run's backlog never sits in memory
+    whole): sidecar ones in seq order, merged by time with the controller's own."""
+    settled = store.cursor(st.run)  # read first: every event <= it is visible to the reads below
+    local = store.local_events(st.run, since_id=st.local_floor)
+    if local:
+        st.local_floor = local[-1].id
+
+    def sidecar() -> Iterator[AnyEvent]:
+        pos = st.floor
+        while True:
+            batch = store.events(st.run, since=pos, limit=PAGE)
+            for e in batch:
+                if e.seq not in st.seen:
+                    if e.seq > settled:   # may be followed by a repair below it: remember it
+                        st.seen.add(e.seq)
+                    yield e
+            if len(batch) < PAGE:
+                break
+            pos = batch[-1].seq
+        st.floor = max(st.floor, settled)
+        st.seen = {seq for seq in st.seen if seq > st.floor}
+
+    theirs: List[AnyEvent] = list(local)
+    return heapq.merge(sidecar(), theirs, key=_ts)
+
+
+def _priority(found: wake.Wake) -> int:
+    """A failed job exit first (the run is over), then by severity; a clean exit only when
+    nothing else woke (exit 0 means nothing material is left unreported)."""
+    if found.clean_exit is not None:
+        return 3 if not found.clean_exit else -1
+    return wake.severity(str(found.event.get("sev")))
+
+
+def _ts(event: AnyEvent) -> float:
+    return event.ts
+
+
+def _mark(store: Store, run: str, key: str, woken: Dict[str, float], t: float) -> None:
+    fresh = wake.mark_key(key, woken)
+    store.mark_woken(run, fresh)
+    woken[fresh] = t
+
+
+class _Watch:
+    def __init__(self, store: Store, now: Callable[[], float]) -> None:
+        self.store = store
+        self.now = now
+
+    def judge(self, st: _Run, events: Iterable[AnyEvent], woken: Dict[str, float],
+              noting: bool) -> Optional[WatchResult]:
+        """Judge events in order; of those that would wake, report the most important (see
+        _priority) and leave the others to the next watches."""
+        found: List[wake.Wake] = []
+        for ev in events:
+            if noting:
+                st.note(ev)
+            t = self.now()
+            verdict = wake.judge(ev, st.policy, t, woken, st.job_started_at)
+            if verdict.reason == "quiet":
+                st.deferred.append(ev)
+            elif verdict.reason == "flapping":
+                _mark(self.store, st.run, wake.absorbed_key(verdict.key), woken, t)
+            elif verdict.wake is not None:
+                found.append(verdict.wake)
+        if not found:
+            return None
+        best = max(found, key=_priority)  # max keeps the first of equals: the oldest
+        t = self.now()
+        _mark(self.store, st.run, best.key, woken, t)
+        if best.clean_exit is None:
+            _mark(self.store, st.run, best.condition, woken, t)
+        record = best.record(t)
+        others = {w.condition for w in found if w.condition != best.condition}
+        record["pending"] = len(others)  # material events the next watches will report
+        return WatchResult(int(record["exit"]), record)
+
+    def step(self, runs: Dict[str, _Run], changed: bool) -> Optional[WatchResult]:
+        """Judge what arrived since the last step (when the store changed), then what quiet
+        hours held back once they are over."""
+        for st in runs.values():
+            held = list(st.deferred) if st.deferred and not st.policy.quiet_now(self.now()) else []
+            if not changed and not held:
+                continue
+            st.deferred = [] if held else st.deferred
+            woken = self.store.woken(st.run)
+            result = self.judge(st, held, woken, noting=False)  # older than anything fresh
+            if result is None and changed:
+                result = self.judge(st, _fresh(self.store, st), woken, noting=True)
+            if result is not None:
+                return result
+        return None
+
+    def link_down(self, runs: Dict[str, _Run]) -> Optional[WatchResult]:
+        """Exit 4 once a run's link stayed down past its budget (counted from the last such exit)."""
+        t = self.now()
+        for st in runs.values():
+            lost = st.link_lost
+            if lost is None or t - lost.ts <= st.policy.link_budget_s:
+                continue
+            key = wake.event_key(lost)
+            woken = self.store.woken(st.run)
+            since = max(lost.ts, wake.last_woken(key, woken) or lost.ts)
+            if t - since <= st.policy.link_budget_s:
+                continue
+            _mark(self.store, st.run, key, woken, t)
+            return WatchResult(EXIT_LINK, {
+                "exit": EXIT_LINK, "run": st.run, "event": wake.envelope(lost), "woke_at": t,
+                "link": "down", "down_s": round(t - lost.ts, 1), "link_budget_s": st.policy.link_budget_s,
+                "explain": (f"the link to the box has been down for {seconds(t - lost.ts)} (budget "
+                            f"{seconds(st.policy.link_budget_s)}): the transport is down; this says "
+                            "NOTHING about the job"),
+                "next": f"rgt status {printable(st.run)}, then check the box itself (ssh, the "
+                        "provider's console) before concluding anything about the job"})
+        return None
+
+    def nothing_left(self, runs: Dict[str, _Run], t: float) -> WatchResult:
+        """Every watched run had ended before the watch began: say how, at once.
+
+        Exit 0 only when they all finished cleanly. A failed exit (or a sidecar that
+        stopped with no job exit stored) is 10 again, flagged already_reported when a
+        watch reported it before: after a lost context, 0 must never suggest success.
+        """
+        ended: Dict[str, Any] = {}
+        bad: Optional[_Run] = None
+        for st in runs.values():
+            last = st.last_life
+            assert last is not None
+            ok = wake.finished_cleanly(last)
+            ended[st.run] = {"event": wake.envelope(last), "ok": ok, "explain": self._ended(st)}
+            bad = bad or (st if not ok else None)
+        pick = bad or next(iter(runs.values()))
+        last = pick.last_life
+        assert last is not None
+        woken = self.store.woken(pick.run)
+        key = wake.event_key(last)
+        reported = wake.last_woken(key, woken) is not None
+        _mark(self.store, pick.run, key, woken, t)
+        code = EXIT_MATERIAL if bad else EXIT_CLEAN
+        names = ", ".join(printable(r) for r in runs)
+        return WatchResult(code, {
+            "exit": code, "run": pick.run, "event": wake.envelope(last), "explain": self._ended(pick),
+            "next": wake.next_command(last),
+            "woke_at": t, "already_reported": reported, "runs": list(runs), "ended": ended,
+            "status": f"nothing more to watch: {names} ended before this watch began"})
+
+    @staticmethod
+    def _ended(st: _Run) -> str:
+        last = st.last_life
+        assert last is not None
+        if last.kind == "job.exited":
+            return wake.explain(last, st.job_started_at)
+        return "the sidecar stopped and no job exit is stored: nothing more will arrive; check the box"
+
+    def timeout(self, runs: Dict[str, _Run], timeout_s: Optional[float]) -> WatchResult:
+        t = self.now()
+        lines = {}
+        for run in runs:
+            lines[run] = status_mod.one_line(status_mod.summarize(self.store, run, now=t))
+        record: Dict[str, Any] = {"exit": EXIT_TIMEOUT, "runs": list(runs), "status": lines,
+                                  "timeout_s": timeout_s, "woke_at": t}
+        if len(runs) == 1:
+            record["run"] = next(iter(runs))
+        return WatchResult(EXIT_TIMEOUT, record)
+
+
+def _ensure(ensure_watcher: Optional[Callable[[str], Any]], runs: Sequence[str]) -> None:
+    if ensure_watcher is None:
+        return
+    for run in runs:
+        try:
+            ensure_watcher(run)
+        except Exception:  # the watch goes on with what the store has; the reason is logged
+            log.warning("could not start the background watcher of %s", run, exc_info=True)
+
+
+def watch(store: Store, runs: Sequence[str] = (), *, all_runs: bool = False,
+          timeout_s: Optional[float] = None, policy_overrides: Optional[Mapping[str, Any]] = None,
+          from_now: bool = False, now: Callable[[], float] = time.time,
+          sleep: Callable[[float], Any] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
+          ensure_watcher: Optional[Callable[[str], Any]] = None, poll_s: float = POLL_S,
+          ensure_every_s: float = ENSURE_EVERY_S) -> WatchResult:
+    """Watch `runs` (ids or unique prefixes) or, with all_runs, every run not ended yet.
+
+    ValueError for a bad call or bad overrides, StoreError (RunNotFound, ...) for a
+    run the store does not know; otherwise a WatchResult (see the module doc).
+    `sleep` is called between polls and `ensure_watcher(run)` every ensure_every_s.
+    """
+    if all_runs == bool(runs):
+        raise ValueError("give one or more runs, or all_runs, not both")
+    overrides = wake.check_layer(policy_overrides or {})
+    started = monotonic()
+    names = live_runs(store) if all_runs else list(dict.fromkeys(store.resolve_run(r) for r in runs))
+    if not names:
+        return WatchResult(EXIT_CLEAN, {"exit": EXIT_CLEAN, "runs": [], "woke_at": now(),
+                                        "status": "nothing to watch: every run in the store has ended"})
+    states = {run: _start(store, run, overrides, from_now) for run in names}
+    w = _Watch(store, now)
+    _ensure(ensure_watcher, names)
+    next_ensure = started + ensure_every_s
+    deadline = None if timeout_s is None else started + timeout_s
+    version: Optional[int] = None
+    first = True
+    while True:
+        current = store.data_version()
+        result = w.step(states, changed=current != version)
+        version = current
+        if result is not None:
+            return result
+        if first:
+            first = False
+            over = {run: st for run, st in states.items() if st.over()}
+            for run in over:
+                del states[run]
+            if not states:
+                return w.nothing_left(over, now())
+        result = w.link_down(states)
+        if result is not None:
+            return result
+        if deadline is not None and monotonic() >= deadline:
+            return w.timeout(states, timeout_s)
+        if monotonic() >= next_ensure:
+            next_ensure = monotonic() + ensure_every_s
+            if all_runs:
+                for run in live_runs(store):
+                    if run not in states:
+                        states[run] = _start(store, run, overrides, False)
+                        version = None  # judge the new run's stored events at the next poll
+            _ensure(ensure_watcher, list(states))
+        sleep(poll_s)
+
+
+__all__ = ["EXIT_CLEAN", "EXIT_LINK", "EXIT_MATERIAL", "EXIT_TIMEOUT", "WatchResult", "live_runs",
+           "policy_for", "watch"]
