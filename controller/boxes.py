@@ -9,20 +9,16 @@ shell-quoted; secrets never on them) and reads its one JSON answer.
 from __future__ import annotations
 
 import json
-import re
 import shlex
-import sys
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from protocol import PACKAGE_VERSION
-
-from controller import paths
-from controller.ssh import LocalShell, Ssh, SshError, ssh_config_file
+from controller import install
+from controller.install import LOCAL, InstallError, check_version, host_record, onbox_command
+from controller.ssh import LocalShell, Ssh, SshError
 from controller.store import Store
 
-LOCAL = "local"
 Shell = Union[Ssh, LocalShell]
-_VERSION = re.compile(r"version\s+(\S+)")
+__all__ = ["LOCAL", "BoxError", "host_record", "launch", "onbox_command", "run_state", "shell_for", "stop"]
 
 
 class BoxError(Exception):
@@ -34,50 +30,9 @@ class BoxError(Exception):
         self.hint = hint
 
 
-def host_record(store: Store, name: str) -> Dict[str, Any]:
-    """The host as stored; `local` is built in and always exists."""
-    if name == LOCAL:
-        return {"name": LOCAL, "ssh": "", "profile": "local", "onbox": "", "root": "", "installed": {}}
-    return store.host(name)
-
-
 def shell_for(store: Store, name: str) -> Shell:
-    host = host_record(store, name)
-    if name == LOCAL:
-        return LocalShell()
-    return Ssh(str(host["ssh"]), control_dir=paths.state_dir() / "ssh", config_file=ssh_config_file())
-
-
-def onbox_command(store: Store, name: str) -> str:
-    """How `rgt-onbox` is started on the box, as a shell fragment."""
-    if name == LOCAL:
-        return shlex.join([sys.executable, "-m", "onbox.cli"])
-    host = host_record(store, name)
-    installed = host.get("installed") or {}
-    return str(installed.get("onbox") or host.get("onbox") or "rgt-onbox")
-
-
-def box_version(shell: Shell, onbox: str) -> str:
-    """The version of rgt-onbox on the box; BoxError when it does not run there."""
-    try:
-        out = shell.run(f"{onbox} --version", check=False, timeout_s=60)
-    except SshError as e:
-        raise BoxError(e.message, e.hint) from e
-    text = out.stdout.decode(errors="replace")
-    found = _VERSION.search(text)
-    if out.returncode != 0 or not found:
-        err = out.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise BoxError(f"rgt-onbox does not run on the box ({onbox}: {err[0]})",
-                       hint="install it there with 'rgt install HOST'")
-    return found.group(1)
-
-
-def check_version(shell: Shell, onbox: str, host: str) -> str:
-    version = box_version(shell, onbox)
-    if version != PACKAGE_VERSION:
-        raise BoxError(f"the box runs rgt-onbox {version}, this rgt is {PACKAGE_VERSION}",
-                       hint=f"put this version there with 'rgt install {host}'")
-    return version
+    """The shell that reaches host NAME (`local`: this machine)."""
+    return install.shell_for(install.host_record(store, name))
 
 
 def _json_answer(out: Any, what: str) -> Dict[str, Any]:
@@ -107,7 +62,10 @@ def launch(store: Store, host: str, command: Sequence[str], *, run_id: Optional[
     record = host_record(store, host)
     shell = shell_for(store, host)
     onbox = onbox_command(store, host)
-    check_version(shell, onbox, host)
+    try:
+        check_version(shell, onbox, host)
+    except InstallError as e:
+        raise BoxError(e.message, e.hint) from e
     args: List[str] = ["launch", "--json"]
     profile = profile or (str(record["profile"]) if record.get("profile") and host != LOCAL else None)
     for flag, value in (("--run-id", run_id), ("--profile", profile), ("--project", project),

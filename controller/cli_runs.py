@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import click
 
-from controller import boxes, render
+from controller import boxes, install, render
 from controller.boxes import LOCAL, BoxError
 from controller.clibase import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, RgtGroup, emit_json
 from controller.ssh import Ssh, SshError
@@ -21,14 +21,11 @@ _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 def _notice(store: Store, profile: str) -> None:
     """The platform's surface-to-the-user facts, the first time rgt meets it (stderr)."""
-    try:  # TEMP until notices lands
-        from controller.notices import first_contact
-    except ImportError:
-        return
+    from controller.notices import first_contact
 
     text = first_contact(store, profile) if profile else None
     if text:
-        click.echo(render.printable(text), err=True)
+        click.echo("\n".join(render.printable(line) for line in text.splitlines()), err=True)
 
 
 def _box_error(e: BoxError | SshError) -> CliError:
@@ -107,9 +104,9 @@ def hosts_check(name: str, as_json: bool) -> None:
                             timeout_s=30)
             lines = out.stdout.decode(errors="replace").splitlines()
             try:
-                version: Optional[str] = boxes.box_version(shell, boxes.onbox_command(store, name))
-            except BoxError:
-                version = None
+                version = install.check_version(shell, boxes.onbox_command(store, name), name)
+            except install.InstallError as e:
+                version = f"not usable: {e.message}"
         except SshError as e:
             raise _box_error(e) from e
     report = {"host": name, "system": lines[0] if lines else "", "rsync": "rsync=yes" in lines,
@@ -118,8 +115,7 @@ def hosts_check(name: str, as_json: bool) -> None:
         emit_json(report)
         return
     rsync = "yes" if report["rsync"] else "MISSING"
-    onbox = version or f"not installed (rgt install {name})"
-    click.echo(render.printable(f"{name}: {report['system']}; rsync {rsync}; rgt-onbox {onbox}"))
+    click.echo(render.printable(f"{name}: {report['system']}; rsync {rsync}; rgt-onbox {version}"))
 
 
 @hosts_group.command("rm", cls=RgtCommand)

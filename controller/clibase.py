@@ -171,7 +171,7 @@ def configure_logging(debug: bool) -> None:
 RUN_ARGUMENT = click.argument("run", metavar="RUN")
 JSON_OPTION = click.option(
     "--json", "as_json", is_flag=True,
-    help="One JSON object per line (exactly the event envelope) instead of a table.",
+    help="JSON for programs instead of text (events: one envelope per line).",
 )
 
 

@@ -14,8 +14,9 @@ sidecar supervisor (`sidecar`, its own session) and wait for rgt/supervisor.pid.
 
 The job gets RGT_RUN_ID, RGT_RUN_DIR, RGT_CKPT_DIR, RGT_METRICS, RGT_RESUME_FROM (the manifest's
 newest good checkpoint, only when there is one), RGT_DURABLE_DIR (when given) and PYTHONUNBUFFERED=1
-on top of the launcher's environment and the `--env NAME=VALUE` (or `--env NAME`: passed on from
-the launcher's environment, the way to hand over a secret) pairs. The wrapper receives the job's
+on top of the launcher's environment, the box's secrets (onbox/secrets.py, unless `secrets=False`;
+run.json records their names only) and the `--env NAME=VALUE` (or `--env NAME`: passed on from the
+launcher's environment) pairs, which win over both. The wrapper receives the job's
 argv and environment through a pipe, so neither lands in any command line we create; the wrapper and
 supervisor themselves run without the launcher's secret-named variables.
 
@@ -63,6 +64,7 @@ from onbox.runs import (
     write_atomic,
     write_json_atomic,
 )
+from onbox.secrets import maskable, read_secrets
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 RESERVED_ENV = ("RGT_RUN_ID", "RGT_RUN_DIR", "RGT_CKPT_DIR", "RGT_METRICS", "RGT_RESUME_FROM",
@@ -109,6 +111,7 @@ class LaunchOptions:
     metrics: Optional[Path] = None         # default <run>/metrics.jsonl
     durable_dir: Optional[Path] = None     # recorded and exported as RGT_DURABLE_DIR
     env: Sequence[str] = ()                # "NAME=VALUE" or "NAME" (from our environment) for the job
+    secrets: bool = True                   # export the box's secrets (onbox/secrets.py) to the job
     cwd: Optional[Path] = None             # default: the launcher's
     preflight: bool = True
     preflight_s: float = 3.0
@@ -134,6 +137,7 @@ class LaunchResult:
     resume_from: Optional[Path] = None
     preflight: str = "skipped"
     warnings: List[str] = dataclasses.field(default_factory=list)
+    secrets: List[str] = dataclasses.field(default_factory=list)   # names of the secrets exported
 
     @property
     def train_log(self) -> Path:
@@ -144,7 +148,7 @@ class LaunchResult:
                 "sidecar_supervisor_pid": self.sidecar_supervisor_pid, "project": self.project,
                 "job_pid": self.job_pid, "attempt": self.attempt, "train_log": str(self.train_log),
                 "resume_from": str(self.resume_from) if self.resume_from else None,
-                "preflight": self.preflight, "warnings": self.warnings}
+                "preflight": self.preflight, "warnings": self.warnings, "secrets": self.secrets}
 
 
 @dataclasses.dataclass
@@ -160,6 +164,8 @@ class _Plan:
     secrets: List[str]
     existing: bool
     profile_record: Optional[Dict[str, object]] = None   # what --profile applied (run.json)
+    secret_env: Dict[str, str] = dataclasses.field(default_factory=dict)  # the box's secrets, for the job
+    notes: List[str] = dataclasses.field(default_factory=list)            # warnings found while planning
 
 
 # ---- planning -----------------------------------------------------------------------------------
@@ -219,14 +225,18 @@ def _plan(opts: LaunchOptions, environ: Mapping[str, str]) -> _Plan:
     project = project or _safe_name(cwd.name, "default")
     paths = RunPaths(root / project / "active" / run_id)
     env_set = _env_pairs(opts.env, environ)
-    found_secrets = secret_values({**environ, **env_set})
+    notes: List[str] = []
+    secret_env = read_secrets(environ=environ, warn=notes.append, reserved=RESERVED_ENV) \
+        if opts.secrets else {}
+    found_secrets = maskable(secret_env.values(), secret_values({**environ, **env_set}))
     return _Plan(run_id=run_id, project=project, paths=paths, cwd=cwd,
                  ckpt_dir=Path(opts.ckpt_dir).expanduser().resolve() if opts.ckpt_dir
                  else paths.run_dir / "checkpoints",
                  metrics=Path(opts.metrics).expanduser().resolve() if opts.metrics
                  else paths.run_dir / "metrics.jsonl",
                  durable_dir=Path(opts.durable_dir).expanduser().resolve() if opts.durable_dir else None,
-                 env_set=env_set, secrets=found_secrets, existing=paths.run_dir.exists())
+                 env_set=env_set, secrets=found_secrets, existing=paths.run_dir.exists(),
+                 secret_env=secret_env, notes=notes)
 
 
 # ---- the disk budget gate -----------------------------------------------------------------------
@@ -378,7 +388,7 @@ def _apply_profile(profile: Optional[profiles.Profile], opts: LaunchOptions, env
     """The job's argv under the profile (interpreter, proxy hook), its variables added to `env`."""
     if profile is None:
         return list(opts.command), []
-    applied = apply_profile(profile, opts.command, {**environ, **plan.env_set})
+    applied = apply_profile(profile, opts.command, {**environ, **plan.secret_env, **plan.env_set})
     env.update(applied.env)
     plan.profile_record = applied.record
     return applied.argv, applied.notes
@@ -386,6 +396,7 @@ def _apply_profile(profile: Optional[profiles.Profile], opts: LaunchOptions, env
 
 def _job_env(plan: _Plan, environ: Mapping[str, str], resume: Optional[Path]) -> Dict[str, str]:
     env = {k: v for k, v in environ.items() if k not in RESERVED_ENV}
+    env.update(plan.secret_env)
     env.update(plan.env_set)
     env.update({"RGT_RUN_ID": plan.run_id, "RGT_RUN_DIR": str(plan.paths.run_dir),
                 "RGT_CKPT_DIR": str(plan.ckpt_dir), "RGT_METRICS": str(plan.metrics),
@@ -411,7 +422,7 @@ def _run_json(plan: _Plan, opts: LaunchOptions, display: List[str], env: Mapping
         "env_names": sorted(env), "env_set": sorted(plan.env_set), "ckpt_dir": str(plan.ckpt_dir),
         "metrics": str(plan.metrics), "durable_dir": str(plan.durable_dir) if plan.durable_dir else None,
         "resume_from": str(resume) if resume else None, "preflight": preflight,
-        "profile_applied": plan.profile_record,
+        "profile_applied": plan.profile_record, "secrets": sorted(plan.secret_env),  # names only
         "package_version": PACKAGE_VERSION,
         # What the sidecar watches (onbox/settings.py); a restarted sidecar reads it again.
         "watch": {"metrics": str(plan.metrics), "ckpt_dir": str(plan.ckpt_dir),
@@ -539,7 +550,7 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
                              if opts.sidecar else (None, ["no sidecar (asked for)"]))
     finally:
         os.close(lock_fd)
-    warnings[:0] = _env_warnings(opts.env) + profile_notes
+    warnings[:0] = plan.notes + _env_warnings(opts.env) + profile_notes
     if display != list(opts.command):
         warnings.insert(0, "the command holds secret-looking values (*** above); the job's command line "
                            "is visible to every user of this box: pass them through the environment")
@@ -550,7 +561,8 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
                         pid=job.wrapper.pid, job_pid=job.job.pid if job.job else None,
                         sidecar_supervisor_pid=sup_pid, attempt=attempt, command=display,
                         resume_from=resume, preflight=preflight,
-                        warnings=[redact_text(w, plan.secrets) for w in warnings])
+                        warnings=[redact_text(w, plan.secrets) for w in warnings],
+                        secrets=sorted(plan.secret_env))
 
 
 def render_launch(result: LaunchResult, as_json: bool, out: IO[str]) -> None:
@@ -565,6 +577,8 @@ def render_launch(result: LaunchResult, as_json: bool, out: IO[str]) -> None:
              else "not running")]
     if result.resume_from:
         rows.append(("resume", str(result.resume_from)))
+    if result.secrets:
+        rows.append(("secrets", ", ".join(result.secrets) + " (names only)"))
     rows.append(("preflight", result.preflight))
     out.write(f"launched run {result.run_id} (project {result.project}, attempt {result.attempt})\n")
     for name, value in rows:

@@ -2,8 +2,10 @@
 
 Imports nothing of ours. One schema, and a key it does not know is refused with the file, the key
 and its line. This first cut carries what the launcher applies (the `[scripts]` section: the
-interpreter, the proxy hook, mirror variables, the data and durable directories); the billing,
-teardown and dead-man facts of each platform extend the same schema.
+interpreter, the proxy hook, mirror variables, the data and durable directories) and what a person
+must hear before renting (the `[surface]` section: what really stops the meter, the danger clocks,
+short notes; printed once per platform by the controller). The billing, teardown and dead-man facts
+of each platform extend the same schema.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -22,7 +24,8 @@ else:  # pragma: no cover - exercised by the 3.9 run
 _HERE = Path(__file__).resolve().parent
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 
-# The schema: each key's type, or a nested table. "env" is a free table of NAME = "value".
+# The schema: each key's type, or a nested table. "env" is a free table of NAME = "value";
+# "lines" a list of one-line strings.
 _SCHEMA: Dict[str, Any] = {
     "name": str,
     "kind": str,
@@ -32,6 +35,11 @@ _SCHEMA: Dict[str, Any] = {
         "data_dir": str,
         "durable_dir": str,
         "env": "env",
+    },
+    "surface": {
+        "meter_stop": str,
+        "danger_clocks": "lines",
+        "notes": "lines",
     },
 }
 
@@ -50,11 +58,25 @@ class Scripts:
 
 
 @dataclasses.dataclass(frozen=True)
+class Surface:
+    """What to tell a person the first time they meet the platform, one short line per fact."""
+
+    meter_stop: Optional[str] = None    # the action that really stops billing
+    danger_clocks: Tuple[str, ...] = ()  # timers that cost money or data when nobody acts
+    notes: Tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        """False when the profile has nothing to tell."""
+        return bool(self.meter_stop or self.danger_clocks or self.notes)
+
+
+@dataclasses.dataclass(frozen=True)
 class Profile:
     name: str
     kind: str
     scripts: Scripts
     path: Path
+    surface: Surface = dataclasses.field(default_factory=Surface)
 
 
 def directory(environ: Optional[Mapping[str, str]] = None) -> Path:
@@ -90,7 +112,10 @@ def load(name: str, where: Optional[Path] = None) -> Profile:
     s = doc.get("scripts", {})
     scripts = Scripts(python=s.get("python"), proxy_hook=s.get("proxy_hook"), data_dir=s.get("data_dir"),
                       durable_dir=s.get("durable_dir"), env=dict(s.get("env", {})))
-    return Profile(name=doc["name"], kind=doc["kind"], scripts=scripts, path=path)
+    f = doc.get("surface", {})
+    surface = Surface(meter_stop=f.get("meter_stop"), danger_clocks=tuple(f.get("danger_clocks", ())),
+                      notes=tuple(f.get("notes", ())))
+    return Profile(name=doc["name"], kind=doc["kind"], scripts=scripts, path=path, surface=surface)
 
 
 def _line_of(text: str, key: str) -> int:
@@ -119,5 +144,10 @@ def _check(doc: Mapping[str, Any], schema: Mapping[str, Any], path: Path, text: 
                     isinstance(k, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k) and isinstance(v, str)
                     for k, v in value.items()):
                 raise ProfileError(f"{path}:{_line_of(text, key)}: {where!r} must map NAME = \"value\"")
+        elif want == "lines":
+            if not isinstance(value, list) or not all(
+                    isinstance(v, str) and v.strip() and "\n" not in v for v in value):
+                raise ProfileError(
+                    f"{path}:{_line_of(text, key)}: {where!r} must be a list of one-line strings")
         elif not isinstance(value, want):
             raise ProfileError(f"{path}:{_line_of(text, key)}: {where!r} must be a {want.__name__}")

@@ -51,3 +51,35 @@ def test_unknown_profile_lists_the_known_ones(tmp_path: Path) -> None:
 def test_directory_follows_the_environment(tmp_path: Path) -> None:
     assert profiles.directory({"RGT_PROFILES_DIR": str(tmp_path)}) == tmp_path
     assert profiles.directory({}).name == "profiles"
+
+
+def test_surface_facts_of_the_shipped_profiles() -> None:
+    autodl = profiles.load("autodl").surface
+    assert autodl.meter_stop and "关机" in autodl.meter_stop
+    assert any("15 days" in clock for clock in autodl.danger_clocks)
+    assert any("/root/autodl-fs" in note for note in autodl.notes)
+    for name in profiles.names():
+        s = profiles.load(name).surface
+        assert s, name  # every shipped profile has something to surface
+        assert all("\n" not in line and len(line) <= 110 for line in (s.meter_stop or "", *s.danger_clocks,
+                                                                       *s.notes)), name
+
+
+def test_a_profile_without_surface_has_an_empty_one(tmp_path: Path) -> None:
+    s = profiles.load("x", write(tmp_path, "x", 'name = "x"\nkind = "ssh"\n')).surface
+    assert not s and s.meter_stop is None and s.danger_clocks == () and s.notes == ()
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('name = "x"\nkind = "ssh"\n[surface]\ncolour = "red"\n', "x.toml:4: unknown key 'surface.colour'"),
+    ('name = "x"\nkind = "ssh"\n[surface]\ndanger_clocks = "one"\n',
+     "x.toml:4: 'surface.danger_clocks' must be a list of one-line strings"),
+    ('name = "x"\nkind = "ssh"\n[surface]\nnotes = ["a", 2]\n', "x.toml:4: 'surface.notes' must be a list"),
+    ('name = "x"\nkind = "ssh"\n[surface]\nnotes = ["a\\nb"]\n', "x.toml:4: 'surface.notes' must be a list"),
+    ('name = "x"\nkind = "ssh"\n[surface]\nmeter_stop = ["x"]\n',
+     "x.toml:4: 'surface.meter_stop' must be a str"),
+    ('name = "x"\nkind = "ssh"\nsurface = 1\n', "x.toml:3: 'surface' must be a table"),
+])
+def test_bad_surface_tables_are_refused_naming_the_line(tmp_path: Path, text: str, needle: str) -> None:
+    with pytest.raises(profiles.ProfileError, match=needle.replace("(", r"\(").replace(".", r"\.")):
+        profiles.load("x", write(tmp_path, "x", text))

@@ -1,0 +1,426 @@
+"""`rgt install HOST`: put this exact version of the package on a box, without needing its index.
+
+    install(store, host, InstallOptions(...), progress=...) -> InstallResult
+
+Steps, each reported on `progress` (stderr in the CLI):
+
+1. build   this package's wheel from the source tree rgt runs from (controller.build; cached), or
+           take --wheel FILE;
+2. probe   the box's Python (--python, else the host profile's scripts.python, else python3) in one
+           round trip (controller.boxprobe): version (Requires-Python of our wheel, 3.9+), marker
+           environment, accepted wheel tags, what is already installed and copied;
+3. resolve which wheels the box needs (controller.wheels: Requires-Dist with markers judged for the
+           box) from --wheelhouse DIRs and <state>/wheelhouse; with --download, pip fetches the
+           missing ones here for the box's Python and platform first;
+4. copy    the wheels the box lacks (by name, size and SHA-256) to ~/.rgt/wheels;
+5. venv    `PY -m venv VENV` when VENV/bin/python is missing (VENV: --venv, else ~/.rgt/venv);
+6. install `VENV/bin/python -m pip install --no-index --find-links WHEELS remote-gpu-trainer==V`;
+           when that fails only for want of a dependency, once more with the box's own index
+           (it may have a mirror), unless --no-index-fallback;
+7. verify  `VENV/bin/rgt-onbox --version` prints exactly our version, then record it in the venv
+           (.rgt-install.json) and in the store (Store.set_installed).
+
+Idempotent: when the venv's record names our version and wheel hash, steps 4-6 do nothing and
+step 7 still runs. Also here: onbox_command() and check_version() for commands that run rgt-onbox.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
+
+import profiles
+from protocol import PACKAGE_VERSION
+
+from controller import boxprobe, build, paths
+from controller.ssh import LocalShell, Shell, Ssh, ssh_config_file
+from controller.store import HostNotFound, Store
+from controller.wheels import (
+    Requirement,
+    Resolution,
+    Specifier,
+    Version,
+    Wheel,
+    WheelError,
+    best,
+    resolve,
+)
+
+LOCAL = "local"
+DEFAULT_VENV = "~/.rgt/venv"
+WHEELS_DIR = "~/.rgt/wheels"
+_VERSION_OUT = re.compile(r"version\s+(\S+)")
+_MISSING_DIST = re.compile(r"No matching distribution found for ([^\s(]+)")
+Progress = Callable[[str], None]
+
+
+class InstallError(Exception):
+    """The install cannot go on; `hint` is the next step for a person."""
+
+    def __init__(self, message: str, hint: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class VersionMismatch(InstallError):
+    """rgt-onbox on the box is another version than this controller (or not there at all)."""
+
+
+class OnboxNotFound(VersionMismatch):
+    """rgt-onbox does not run on the box."""
+
+
+@dataclasses.dataclass
+class InstallOptions:
+    venv: Optional[str] = None               # default: ~/.rgt/venv
+    python: Optional[str] = None             # default: the profile's scripts.python, else python3
+    wheelhouses: Sequence[Path] = ()         # besides <state>/wheelhouse
+    wheel: Optional[Path] = None             # our wheel, instead of building it
+    download: bool = False                   # pip download missing dependency wheels here
+    no_index_fallback: bool = False          # never let the box's pip use its index
+
+
+@dataclasses.dataclass
+class InstallResult:
+    host: str
+    version: str
+    venv: str
+    onbox: str
+    python: str
+    already: bool                            # nothing needed installing
+    copied_files: int
+    copied_bytes: int
+    used_index: bool                         # the box's own index supplied something
+    recorded: bool                           # the store holds the install record
+    elapsed_s: float
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---- reaching the box and rgt-onbox on it -------------------------------------------------------
+
+
+def host_record(store: Store, name: str) -> Dict[str, Any]:
+    """The stored host; `local` (this machine, no ssh) exists even when not stored."""
+    try:
+        return store.host(name)
+    except HostNotFound:
+        if name != LOCAL:
+            raise
+        return {"name": LOCAL, "ssh": "", "profile": "local", "onbox": "", "root": "", "installed": {}}
+
+
+def shell_for(host: Dict[str, Any]) -> Union[Ssh, LocalShell]:
+    if host["name"] == LOCAL:
+        return LocalShell()
+    return Ssh(str(host["ssh"]), control_dir=paths.state_dir() / "ssh", config_file=ssh_config_file())
+
+
+def onbox_command(store: Store, host_name: str) -> str:
+    """Shell text that runs rgt-onbox on the box: the installed one, else the host's `onbox`
+    setting (used as written: it may be `~/venv/bin/rgt-onbox`), else `rgt-onbox` on PATH.
+    For `local` without an install record, this controller's own Python runs it."""
+    host = host_record(store, host_name)
+    installed = host.get("installed") or {}
+    if installed.get("onbox"):
+        return shlex.quote(str(installed["onbox"]))
+    if host.get("onbox"):
+        return str(host["onbox"])
+    if host_name == LOCAL:
+        return shlex.join([sys.executable, "-m", "onbox.cli"])
+    return "rgt-onbox"
+
+
+def check_version(remote_shell: Shell, onbox_cmd: str, host: Optional[str] = None) -> str:
+    """The version of rgt-onbox on the box; VersionMismatch (OnboxNotFound when it does not run)
+    unless it is exactly this controller's. SshError passes through (the link, not the box)."""
+    name = host or remote_shell.alias
+    done = remote_shell.run(f"{onbox_cmd} --version", check=False, timeout_s=60)
+    found = _VERSION_OUT.search(done.stdout.decode("utf-8", "replace"))
+    if done.returncode != 0 or found is None:
+        err = [ln.strip() for ln in done.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
+        raise OnboxNotFound(
+            f"rgt-onbox does not run on {name} ({onbox_cmd}: exit {done.returncode}"
+            f"{': ' + err[-1][:200] if err else ''})", hint=f"rgt install {name}")
+    version = found.group(1)
+    if version != PACKAGE_VERSION:
+        raise VersionMismatch(f"{name} has rgt-onbox {version}, but this rgt is {PACKAGE_VERSION}",
+                              hint=f"rgt install {name}")
+    return version
+
+
+def _word(path: str) -> str:
+    """A path as shell text: quoted, except that a leading ~/ still expands on the box."""
+    if path.startswith("~/"):
+        return "~/" + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def _tail(data: bytes, lines: int = 4) -> str:
+    kept = [ln.strip() for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
+    return " | ".join(kept[-lines:])[-600:]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _human(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
+
+
+# ---- the steps ----------------------------------------------------------------------------------
+
+
+def _python_for(host: Dict[str, Any], given: Optional[str]) -> str:
+    if given:
+        return given
+    if host.get("profile"):
+        try:
+            python = profiles.load(str(host["profile"]), profiles.directory()).scripts.python
+        except profiles.ProfileError as e:
+            raise InstallError(str(e), "fix the host's profile (rgt hosts add ... --replace)") from e
+        if python:
+            return python
+    return "python3"
+
+
+def _probe(shell: Shell, python: str, venv: str, name: str) -> boxprobe.BoxPython:
+    done = shell.run(boxprobe.command(_word(python), venv, WHEELS_DIR), check=False, timeout_s=120)
+    if done.returncode == 127:
+        raise InstallError(f"no Python at {python!r} on {name} (exit 127: {_tail(done.stderr, 1)})",
+                           hint="pass --python PATH, or set scripts.python in the host's profile")
+    if done.returncode != 0:
+        raise InstallError(f"{python} on {name} failed the probe (exit {done.returncode}): "
+                           f"{_tail(done.stderr)}", hint="pass --python with a Python 3.9+ on the box")
+    try:
+        return boxprobe.parse(done.stdout, python, name)
+    except boxprobe.ProbeError as e:
+        raise InstallError(e.message, e.hint) from e
+
+
+def _check_python(box: boxprobe.BoxPython, ours: Wheel, python: str, name: str) -> None:
+    needs = ours.metadata()[3] or ">=3.9"
+    if not Specifier.parse(needs).contains(Version.parse(box.version_text)):
+        raise InstallError(f"{python} on {name} is Python {box.version_text}; "
+                           f"{build.PROJECT} needs Python {needs}",
+                           hint="pass --python with the path of a newer Python on the box")
+
+
+def _download(missing: Sequence[Tuple[Requirement, str]], box: boxprobe.BoxPython, dest: Path,
+              progress: Progress) -> None:
+    """pip download the missing wheels here for the box's Python and platforms (needs an index)."""
+    plats = list(dict.fromkeys(t.split("-", 2)[2] for t in box.tags if not t.endswith("-any")))
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+            "--disable-pip-version-check", "-d", str(dest),
+            "--python-version", box.version_text, "--implementation", "cp"]
+    for plat in plats[:64]:
+        argv += ["--platform", plat]
+    argv += [str(req) for req, _ in missing]
+    progress(f"download: {', '.join(str(r) for r, _ in missing)} into {dest}")
+    dest.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise InstallError(f"pip download failed (exit {done.returncode}): {_tail(done.stderr)}",
+                           hint="fetch the wheels elsewhere and pass --wheelhouse DIR")
+
+
+def _resolve(ours: Wheel, box: boxprobe.BoxPython, opts: InstallOptions,
+             progress: Progress) -> Resolution:
+    local = paths.state_dir() / "wheelhouse"
+    houses = [*opts.wheelhouses, *([local] if local.is_dir() or opts.download else [])]
+    try:
+        for _ in range(5 if opts.download else 1):  # a downloaded wheel may need more
+            res = resolve(ours.path, houses, box.markers, box.tags)
+            if not res.missing or not opts.download:
+                break
+            _download(res.missing, box, local, progress)
+    except WheelError as e:
+        raise InstallError(f"cannot work out the box's wheels: {e}") from e
+    res.missing = [(req, by) for req, by in res.missing if not _on_box(req, box)]
+    if res.missing:
+        what = "; ".join(f"{req} (needed by {by})" for req, by in res.missing)
+        where = ", ".join(str(h) for h in houses) or "no wheelhouse given"
+        if opts.no_index_fallback:
+            raise InstallError(
+                f"no wheel for the box's Python {box.version_text} here for: {what} (looked in {where})",
+                hint="pass --wheelhouse DIR with those wheels (pip download --only-binary=:all: "
+                     "--python-version X.Y --platform ...), --download to fetch them here, "
+                     "or drop --no-index-fallback to let the box use its own index")
+        progress(f"resolve: no wheel here for {what}; the box's own index will be asked")
+    return res
+
+
+def _on_box(req: Requirement, box: boxprobe.BoxPython) -> bool:
+    """A wheel for `req` that an earlier install left on the box (pip there checks its own needs)."""
+    there = []
+    for name in box.wheels:
+        try:
+            there.append(Wheel.from_path(Path(name)))
+        except WheelError:
+            continue
+    return best([w for w in there if w.name == req.name], req, box.tags) is not None
+
+
+def _copy(shell: Shell, box: boxprobe.BoxPython, wheels: Sequence[Wheel],
+          progress: Progress) -> Tuple[int, int]:
+    todo = [w.path for w in wheels
+            if box.wheels.get(w.path.name) != (w.path.stat().st_size, _sha256(w.path))]
+    if not todo:
+        progress(f"copy: nothing new ({len(wheels)} wheels already in {box.wheels_dir})")
+        return 0, 0
+    size = sum(p.stat().st_size for p in todo)
+    progress(f"copy: {len(todo)} file{'s' if len(todo) != 1 else ''}, {_human(size)} to {box.wheels_dir}")
+    shell.put(todo, box.wheels_dir)
+    return len(todo), size
+
+
+def _venv(shell: Shell, box: boxprobe.BoxPython, python: str, progress: Progress) -> None:
+    if box.venv_python:
+        progress(f"venv: {box.venv} exists")
+        return
+    progress(f"venv: creating {box.venv}")
+    done = shell.run(f"{_word(python)} -I -m venv {shlex.quote(box.venv)}", check=False, timeout_s=300)
+    if done.returncode != 0:
+        hint = ("install the venv module there (apt install python3-venv), or pass --python with a "
+                "Python that has it" if b"ensurepip" in done.stderr + done.stdout else None)
+        raise InstallError(f"{python} -m venv {box.venv} failed (exit {done.returncode}): "
+                           f"{_tail(done.stderr + done.stdout)}", hint)
+
+
+def _pip_install(shell: Shell, box: boxprobe.BoxPython, ours: Wheel, opts: InstallOptions,
+                 progress: Progress, force: bool) -> bool:
+    """Install offline; once more with the box's index when only a dependency was missing.
+    `force`: this version is there already (from other sources, or broken), so pip must replace
+    it. Returns whether the index was used."""
+    # -I: neither the working directory nor PYTHONPATH may make pip think it is installed already
+    pip = (f"{shlex.quote(box.venv + '/bin/python')} -I -m pip install -q --no-cache-dir "
+           f"--disable-pip-version-check --find-links {shlex.quote(box.wheels_dir)}")
+    target = shlex.quote(f"{build.PROJECT}=={PACKAGE_VERSION}")
+    line = f"{pip} --no-index {target}"
+    if force:  # pip would call the same version number satisfied
+        line += f" && {pip} --no-index --no-deps --force-reinstall " \
+                f"{shlex.quote(box.wheels_dir + '/' + ours.path.name)}"
+    progress(f"install: {build.PROJECT}=={PACKAGE_VERSION} from {box.wheels_dir} (no index)")
+    done = shell.run(line, check=False, timeout_s=900)
+    if done.returncode == 0:
+        return False
+    missing = _MISSING_DIST.findall(done.stderr.decode("utf-8", "replace"))
+    if not missing:
+        raise InstallError(f"pip install on the box failed (exit {done.returncode}): {_tail(done.stderr)}")
+    if opts.no_index_fallback:
+        raise InstallError(
+            f"the box has no wheel for {', '.join(missing)} and --no-index-fallback keeps its index out",
+            hint="pass --wheelhouse DIR holding a wheel for it, or drop --no-index-fallback")
+    progress(f"install: no wheel for {', '.join(missing)}; retrying once with the box's own index")
+    done = shell.run(line.replace(" --no-index", ""), check=False, timeout_s=900)
+    if done.returncode != 0:
+        raise InstallError(f"pip install with the box's index failed too (exit {done.returncode}): "
+                           f"{_tail(done.stderr)}",
+                           hint="pass --wheelhouse DIR with wheels for the box's Python")
+    return True
+
+
+def _write_record(shell: Shell, box: boxprobe.BoxPython, sha256: str, wheel_name: str,
+                  now: float) -> None:
+    doc = {"version": PACKAGE_VERSION, "wheel": wheel_name, "sha256": sha256, "installed_at": now}
+    target = shlex.quote(f"{box.venv}/{boxprobe.MARKER_FILE}")
+    shell.run(f"cat > {target}", input=json.dumps(doc).encode(), timeout_s=60)
+
+
+@contextlib.contextmanager
+def _session(shell: Union[Ssh, LocalShell]) -> Iterator[None]:
+    """One ssh master for the whole install (when none runs yet), stopped at the end."""
+    started = isinstance(shell, Ssh) and shell.master_pid() is None
+    if isinstance(shell, Ssh) and started:
+        shell.start_master()
+    try:
+        yield
+    finally:
+        if isinstance(shell, Ssh) and started:
+            shell.stop_master()
+
+
+def _put_on_box(shell: Shell, box: boxprobe.BoxPython, ours: Wheel, python: str, opts: InstallOptions,
+                progress: Progress, force: bool) -> Tuple[int, int, bool]:
+    """Steps 3-6: (files copied, bytes copied, whether the box's index was used)."""
+    res = _resolve(ours, box, opts, progress)
+    copied = _copy(shell, box, res.wheels, progress)
+    _venv(shell, box, python, progress)
+    used_index = _pip_install(shell, box, ours, opts, progress, force)
+    return copied[0], copied[1], used_index
+
+
+def install(store: Store, host_name: str, opts: InstallOptions, *, progress: Progress = print,
+            shell: Optional[Union[Ssh, LocalShell]] = None,
+            clock: Callable[[], float] = time.time) -> InstallResult:
+    """Put this version on the box (see the module doc). Raises InstallError, BuildError, SshError."""
+    began = time.monotonic()
+    host = host_record(store, host_name)
+    if opts.wheel is not None:
+        built = build.given_wheel(opts.wheel)
+        progress(f"build: using {built.path}")
+    else:
+        built = build.package_wheel(paths.state_dir() / "wheels")
+        progress(f"build: {built.path.name} ({'cached' if built.cached else 'built'}, "
+                 f"source {built.source_hash[:12]})")
+    ours = Wheel.from_path(built.path)
+    ours_sha = _sha256(ours.path)
+    python = _python_for(host, opts.python)
+    shell = shell or shell_for(host)
+    with _session(shell):
+        box = _probe(shell, python, opts.venv or DEFAULT_VENV, host_name)
+        _check_python(box, ours, python, host_name)
+        where = f" ({box.executable})" if box.executable != python else ""
+        progress(f"probe: {python} is Python {box.version_text}{where}; "
+                 f"{len(box.tags)} wheel tags ({box.tags_from}), best {box.tags[0] if box.tags else '-'}")
+        record = box.record or {}
+        already = box.venv_python and record.get("version") == PACKAGE_VERSION \
+            and record.get("sha256") == ours_sha
+        onbox = f"{box.venv}/bin/rgt-onbox"
+        copied: Tuple[int, int, bool] = (0, 0, False)
+        if already:
+            progress(f"install: {build.PROJECT} {PACKAGE_VERSION} is already in {box.venv}")
+            try:
+                version = check_version(shell, shlex.quote(onbox), host_name)
+            except VersionMismatch as e:
+                progress(f"verify: {e.message}; installing again")
+                already = False
+        if not already:
+            copied = _put_on_box(shell, box, ours, python, opts, progress,
+                                 force=record.get("version") == PACKAGE_VERSION)
+            version = check_version(shell, shlex.quote(onbox), host_name)
+            _write_record(shell, box, ours_sha, ours.path.name, clock())
+        progress(f"verify: {onbox} --version says {version}")
+    recorded = _record(store, host_name, {"version": version, "venv": box.venv, "onbox": onbox,
+                                          "python": box.version_text, "installed_at": clock(),
+                                          "wheel_sha256": ours_sha})
+    return InstallResult(host=host_name, version=version, venv=box.venv, onbox=onbox,
+                         python=box.version_text, already=already, copied_files=copied[0],
+                         copied_bytes=copied[1], used_index=copied[2], recorded=recorded,
+                         elapsed_s=round(time.monotonic() - began, 3))
+
+
+def _record(store: Store, host_name: str, installed: Dict[str, Any]) -> bool:
+    if host_name not in {str(h["name"]) for h in store.hosts()}:
+        return False  # `local` without a stored row: nothing to record it on
+    store.set_installed(host_name, installed)
+    return True
+
+
+__all__ = ["DEFAULT_VENV", "InstallError", "InstallOptions", "InstallResult", "OnboxNotFound",
+           "VersionMismatch", "check_version", "host_record", "install", "onbox_command", "shell_for"]
