@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import click
 import protocol
 
-from controller import cli_runs, render
+from controller import cli_box, cli_runs, cli_watch, render
 from controller.attach import AttachError, attach
 from controller.clibase import (
     JSON_OPTION,
@@ -121,6 +121,12 @@ main.add_command(cli_runs.hosts_group)
 main.add_command(cli_runs.launch_command)
 main.add_command(cli_runs.runs_command)
 main.add_command(cli_runs.stop_command)
+main.add_command(cli_watch.watch_command)
+main.add_command(cli_watch.status_command)
+main.add_command(cli_watch.plot_command)
+main.add_command(cli_watch.policy_command)
+main.add_command(cli_box.install_command)
+main.add_command(cli_box.secret_group)
 
 
 if __name__ == "__main__":
