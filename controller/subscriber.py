@@ -155,7 +155,7 @@ class Subscriber:
             self._on_hello(reply)
         elif isinstance(reply, SinceReply):
             self._on_since(reply)
-        else:
+        elif isinstance(reply, ErrorReply):  # (a manifest reply: never asked for here)
             if reply.code == "version":
                 raise SubscriberError(f"the sidecar refused us: {reply.message}")
             log.warning("sidecar error reply %s: %s", reply.code, reply.message)

@@ -180,6 +180,8 @@ _root_option = click.option(
 @click.option("--env", "env", multiple=True, metavar="NAME[=VALUE]",
               help="Set for the job (repeatable); NAME alone passes it on from this environment, "
                    "the way to hand over a secret. Names are recorded, never values.")
+@click.option("--no-secrets", is_flag=True,
+              help="Do not export the box's secrets (~/.rgt/secrets, from `rgt secret push`) to the job.")
 @click.option("--watch-scalar", "scalars", multiple=True, metavar="NAME",
               help="A metric to watch (repeatable; default: loss): non-finite, spikes, stuck at 0.")
 @click.option("--log-regex", default=None,
@@ -211,7 +213,7 @@ _root_option = click.option(
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], profile: Optional[str],
            ckpt_dir: Optional[Path], metrics: Optional[Path], durable_dir: Optional[Path],
-           durable_policy: Optional[str], env: Tuple[str, ...], scalars: Tuple[str, ...],
+           durable_policy: Optional[str], env: Tuple[str, ...], no_secrets: bool, scalars: Tuple[str, ...],
            log_regex: Optional[str], stall_floor_s: Optional[float], stall_grace_s: Optional[float],
            expected_steps: Optional[int], expected_seconds: Optional[float],
            stale_after_s: Optional[float], no_preflight: bool, min_free: str, ckpt_copies: float,
@@ -224,7 +226,8 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
     Makes <root>/<project>/active/<run-id> (run.json, train.log, rgt/), refuses when the
     disk cannot hold the run, the pre-flight fails or the run is still running, and starts
     the job in its own session with RGT_RUN_ID, RGT_RUN_DIR, RGT_CKPT_DIR, RGT_METRICS and
-    RGT_RESUME_FROM set. Never put a secret in COMMAND: export it and pass --env NAME.
+    RGT_RESUME_FROM set, plus every secret pushed to this box (`rgt secret push`; names
+    recorded, never values). Never put a secret in COMMAND: push it, or export it and pass --env NAME.
     Exit 0 launched, 1 failed, 2 bad usage, 3 refused.
     """
     from .launch import LaunchOptions, run_launch
@@ -241,7 +244,7 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
              "durable_policy": durable_policy}
     opts = LaunchOptions(
         command=list(command), root=root, project=project, run_id=run_id, profile=profile,
-        ckpt_dir=ckpt_dir, metrics=metrics, durable_dir=durable_dir, env=list(env),
+        ckpt_dir=ckpt_dir, metrics=metrics, durable_dir=durable_dir, env=list(env), secrets=not no_secrets,
         preflight=not no_preflight, preflight_s=preflight_seconds, probe=probe,
         min_free_bytes=min_free_bytes, ckpt_copies=ckpt_copies, sidecar_linger_s=linger_s,
         serve_args=list(serve_args), watch=watch)
@@ -305,6 +308,16 @@ def _install_signals(stop: Any) -> None:
     signal.signal(signal.SIGINT, _on_stop)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def _add_pull_commands() -> None:
+    from .cli_pull import close_command, manifest_command
+
+    main.add_command(manifest_command)
+    main.add_command(close_command)
+
+
+_add_pull_commands()
 
 
 def run() -> None:  # pragma: no cover - console entry

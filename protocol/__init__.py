@@ -16,7 +16,17 @@ from .codec import (
     encode_reply,
     encode_request,
 )
-from .control import ErrorReply, Hello, HelloReply, Reply, Request, Since, SinceReply
+from .control import (
+    ErrorReply,
+    Hello,
+    HelloReply,
+    Manifest,
+    ManifestReply,
+    Reply,
+    Request,
+    Since,
+    SinceReply,
+)
 from .envelope import PROTOCOL_VERSION, SEVERITIES, Event, severity_rank
 from .errors import ProtocolError
 from .kinds import KindSpec, default_sev, is_telemetry, spec
@@ -27,7 +37,8 @@ PACKAGE_VERSION = __version__
 
 __all__ = [
     "MAX_DEPTH", "PACKAGE_VERSION", "MAX_EVENT_BYTES", "MAX_FRAME_BYTES", "MAX_KEYS", "PROTOCOL_VERSION",
-    "SEVERITIES", "ErrorReply", "Event", "Hello", "HelloReply", "KindSpec", "ProtocolError",
+    "SEVERITIES", "ErrorReply", "Event", "Hello", "HelloReply", "KindSpec", "Manifest", "ManifestReply",
+    "ProtocolError",
     "Reply", "Request", "Since", "SinceReply", "decode_event", "decode_json", "decode_reply",
     "decode_request", "default_sev", "encode_event", "encode_json", "encode_reply",
     "encode_request", "is_telemetry", "severity_rank", "spec",

@@ -4,7 +4,10 @@ Frames are UTF-8 JSON objects. A control message is a ZeroMQ multipart
 message: one JSON header frame, and for a `since` reply one more frame per
 event, each exactly as the sidecar journaled and published it. Keeping events
 as their own frames means a reply never re-encodes them and every event passes
-through the same limits as on the live stream.
+through the same limits as on the live stream. A `manifest` reply carries the
+pull manifest (protocol.pull) as its second frame: the frame cap applies, the
+key cap is relaxed (a manifest has six keys per file), and the decoder checks
+the doc against its own sha256.
 
 Non-finite floats (a NaN loss is exactly what we report) are not JSON; they
 travel as the strings "nan", "inf" and "-inf".
@@ -13,12 +16,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from .control import (
     ErrorReply,
     Hello,
     HelloReply,
+    Manifest,
+    ManifestReply,
     Reply,
     Request,
     Since,
@@ -26,6 +31,7 @@ from .control import (
 )
 from .envelope import PROTOCOL_VERSION, SEVERITIES, Event
 from .errors import ProtocolError
+from .pull import check_manifest
 
 MAX_FRAME_BYTES = 256 * 1024
 MAX_DEPTH = 16
@@ -35,6 +41,11 @@ MAX_EVENT_BYTES = 64 * 1024
 # A since reply packs events up to about this many bytes.
 PAGE_BYTES = 192 * 1024
 MAX_SINCE_LIMIT = 10_000
+# A manifest request names at most this many extra include patterns, each at most this long.
+MAX_INCLUDES = 64
+MAX_INCLUDE_CHARS = 1024
+# The manifest doc frame: the byte cap bounds it; keys are capped only loosely.
+MAX_DOC_KEYS = MAX_FRAME_BYTES // 4
 
 _NONFINITE = {math.inf: "inf", -math.inf: "-inf"}
 
@@ -56,10 +67,11 @@ def _plain(value: Any, depth: int = 0) -> Any:
     raise ProtocolError(f"cannot encode a {type(value).__name__}")
 
 
-def encode_json(obj: Mapping[str, Any], max_bytes: int = MAX_FRAME_BYTES) -> bytes:
+def encode_json(obj: Mapping[str, Any], max_bytes: int = MAX_FRAME_BYTES,
+                max_keys: int = MAX_KEYS) -> bytes:
     """One frame from a mapping; ProtocolError when it breaks a limit."""
     plain = _plain(obj)
-    _check_shape(plain)
+    _check_shape(plain, max_keys)
     frame = json.dumps(
         plain, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode("utf-8")
@@ -73,7 +85,7 @@ def _reject_constant(name: str) -> Any:
     raise ProtocolError(f"{name} is not JSON")
 
 
-def decode_json(frame: bytes) -> Dict[str, Any]:
+def decode_json(frame: bytes, max_keys: int = MAX_KEYS) -> Dict[str, Any]:
     """A frame to a dict, enforcing size, depth and key limits."""
     if not isinstance(frame, (bytes, bytearray, memoryview)):
         raise ProtocolError(f"a frame is bytes, not {type(frame).__name__}")
@@ -90,11 +102,11 @@ def decode_json(frame: bytes) -> Dict[str, Any]:
         raise ProtocolError(f"not a JSON frame: {str(e)[:120]}") from e
     if not isinstance(obj, dict):
         raise ProtocolError(f"a frame is a JSON object, not {type(obj).__name__}")
-    _check_shape(obj)
+    _check_shape(obj, max_keys)
     return obj
 
 
-def _check_shape(obj: Any) -> None:
+def _check_shape(obj: Any, max_keys: int = MAX_KEYS) -> None:
     keys = 0
     stack = [(obj, 1)]
     while stack:
@@ -103,8 +115,8 @@ def _check_shape(obj: Any) -> None:
             raise ProtocolError(f"nesting deeper than {MAX_DEPTH}")
         if isinstance(node, dict):
             keys += len(node)
-            if keys > MAX_KEYS:
-                raise ProtocolError(f"more than {MAX_KEYS} keys")
+            if keys > max_keys:
+                raise ProtocolError(f"more than {max_keys} keys")
             stack.extend((v, depth + 1) for v in node.values())
         elif isinstance(node, list):
             stack.extend((v, depth + 1) for v in node)
@@ -184,6 +196,8 @@ def encode_request(req: Request) -> List[bytes]:
         body.update(op="hello", client=req.client)
     elif isinstance(req, Since):
         body.update(op="since", seq=req.seq, limit=req.limit)
+    elif isinstance(req, Manifest):
+        body.update(op="manifest", includes=list(_includes(req.includes)))
     else:  # pragma: no cover - a new Request type without a table entry
         raise ProtocolError(f"no encoding for {type(req).__name__}")
     return [encode_json(body)]
@@ -206,7 +220,20 @@ def decode_request(frames: Sequence[bytes]) -> Request:
         if seq < 0 or not _is_int(limit) or not 1 <= limit <= MAX_SINCE_LIMIT:
             raise ProtocolError(f"since needs seq >= 0 and 1 <= limit <= {MAX_SINCE_LIMIT}")
         return Since(id=req_id, seq=seq, limit=limit)
+    if op == "manifest":
+        return Manifest(id=req_id, includes=_includes(obj.get("includes", [])))
     raise ProtocolError(f"unknown op {op!r}", code="unknown_op")
+
+
+def _includes(value: Any) -> Tuple[str, ...]:
+    """A manifest request's include patterns, checked the same way on both sides."""
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_INCLUDES:
+        raise ProtocolError(f"manifest includes must be a list of at most {MAX_INCLUDES} patterns")
+    for pattern in value:
+        if (not isinstance(pattern, str) or not pattern or len(pattern) > MAX_INCLUDE_CHARS
+                or "\x00" in pattern):
+            raise ProtocolError(f"bad include pattern {pattern!r:.80}")
+    return tuple(value)
 
 
 def request_id_of(frames: Sequence[bytes]) -> str:
@@ -233,6 +260,11 @@ def encode_reply(reply: Reply, event_frames: Sequence[bytes] = ()) -> List[bytes
         body.update(op="since", count=len(event_frames), more=reply.more,
                     last_seq=reply.last_seq, oldest_seq=reply.oldest_seq)
         return [encode_json(body), *event_frames]
+    if isinstance(reply, ManifestReply):
+        doc = encode_json(reply.doc, max_keys=MAX_DOC_KEYS)  # too_large when over the frame cap
+        body.update(op="manifest", path=reply.path, sha256=reply.sha256, files=reply.files,
+                    total_bytes=reply.total_bytes)
+        return [encode_json(body), doc]
     if isinstance(reply, ErrorReply):
         body.update(op="error", code=reply.code, message=reply.message[:2000])
         return [encode_json(body)]
@@ -272,4 +304,20 @@ def decode_reply(frames: Sequence[bytes]) -> Reply:
             last_seq=_field(obj, "last_seq", int),
             oldest_seq=_field(obj, "oldest_seq", int),
         )
+    if op == "manifest":
+        return _manifest_reply(rid, obj, frames)
     raise ProtocolError(f"unknown reply op {op!r}")
+
+
+def _manifest_reply(rid: str, obj: Mapping[str, Any], frames: Sequence[bytes]) -> ManifestReply:
+    if len(frames) != 2:
+        raise ProtocolError(f"a manifest reply is two frames, got {len(frames)}")
+    doc = decode_json(frames[1], max_keys=MAX_DOC_KEYS)
+    check_manifest(doc)
+    reply = ManifestReply(id=rid, path=_field(obj, "path", str), sha256=_field(obj, "sha256", str),
+                          files=_field(obj, "files", int), total_bytes=_field(obj, "total_bytes", int),
+                          doc=doc)
+    if (reply.sha256, reply.files, reply.total_bytes) != (doc["sha256"], len(doc["files"]),
+                                                          doc["total_bytes"]):
+        raise ProtocolError("manifest reply header does not match its manifest")
+    return reply

@@ -25,6 +25,17 @@ class Since:
 
 
 @dataclasses.dataclass(frozen=True)
+class Manifest:
+    """Build and write the run's rgt/PULL_MANIFEST.json (protocol.pull) and send it back.
+
+    `includes` are extra glob patterns (relative to the run dir) on top of the sidecar's default
+    includes; each must match at least one file, or the request is refused."""
+
+    id: str
+    includes: Tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class HelloReply:
     id: str
     protocol_version: int
@@ -47,11 +58,23 @@ class SinceReply:
 
 
 @dataclasses.dataclass(frozen=True)
+class ManifestReply:
+    """The manifest as written; its header repeats the doc's sha256 and counts."""
+
+    id: str
+    path: str             # where it was written, relative to the run dir (rgt/PULL_MANIFEST.json)
+    sha256: str           # the doc's own sha256 (protocol.pull.manifest_digest)
+    files: int
+    total_bytes: int
+    doc: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
 class ErrorReply:
     id: str
     code: str             # one of protocol.kinds.ERROR_CODES
     message: str
 
 
-Request = Union[Hello, Since]
-Reply = Union[HelloReply, SinceReply, ErrorReply]
+Request = Union[Hello, Since, Manifest]
+Reply = Union[HelloReply, SinceReply, ManifestReply, ErrorReply]

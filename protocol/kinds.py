@@ -108,7 +108,8 @@ def all_kinds() -> Dict[str, KindSpec]:
 
 # Control operations a ROUTER understands. Later versions add ops; a server
 # answers an op it does not know with an "unknown_op" error reply.
-CONTROL_OPS = ("hello", "since")
+CONTROL_OPS = ("hello", "since", "manifest")
 
 # Error codes in error replies.
-ERROR_CODES = ("bad_request", "unknown_op", "version", "too_large", "internal")
+# "refused": understood, but the sidecar will not do it (a manifest that could not be complete).
+ERROR_CODES = ("bad_request", "unknown_op", "version", "too_large", "refused", "internal")

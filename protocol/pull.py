@@ -1,0 +1,98 @@
+"""PULL_MANIFEST.json: the box's list of what a pull must bring back, shared by box and controller.
+
+    {"schema": "rgt.pull_manifest", "version": 1, "run_id": "run-1", "host": "box",
+     "created_at": "2024-06-01T12:00:00+00:00",
+     "files": [{"path": "checkpoints/step000100.pt", "size": 2717, "sha256": "<64 hex>",
+                "kind": "checkpoint", "step": 100, "hashed": "custody"},
+               {"path": "metrics.jsonl", "size": 812, "sha256": "<64 hex>",
+                "kind": "include", "hashed": "now"}],
+     "total_bytes": 3529, "sha256": "<64 hex>"}
+
+`path` is POSIX and relative to the run dir; `hashed` says whether the sha256 came from the custody
+record ("custody": the file's size, mtime and inode still match it) or was computed while the
+manifest was built ("now"). `sha256` (top level) is the SHA-256 of the canonical JSON of every other
+field (`canonical_bytes`), so a manifest proves its own integrity whatever its on-disk formatting.
+
+Standard library only: `onbox` writes it, `controller` verifies against it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Mapping
+
+from .errors import ProtocolError
+
+SCHEMA = "rgt.pull_manifest"
+VERSION = 1
+FILENAME = "PULL_MANIFEST.json"
+KINDS = ("checkpoint", "include")
+HASHED = ("custody", "now")
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def canonical_bytes(doc: Mapping[str, Any]) -> bytes:
+    """The bytes the manifest's own sha256 covers: sorted, compact JSON of all fields but "sha256"."""
+    body = {k: v for k, v in doc.items() if k != "sha256"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def manifest_digest(doc: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical_bytes(doc)).hexdigest()
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bad_path(path: str) -> bool:
+    parts = path.split("/")
+    return (not path or path.startswith("/") or "\\" in path or "\x00" in path
+            or any(p in ("", ".", "..") for p in parts))
+
+
+def check_manifest(doc: Any) -> None:
+    """Raise ProtocolError unless `doc` is a well-formed manifest whose sha256 matches its content."""
+    if not isinstance(doc, dict):
+        raise ProtocolError("a pull manifest is a JSON object")
+    if doc.get("schema") != SCHEMA or doc.get("version") != VERSION:
+        raise ProtocolError(f"not a {SCHEMA} version {VERSION} manifest: "
+                            f"{doc.get('schema')!r:.60} {doc.get('version')!r:.20}")
+    for name in ("run_id", "host", "created_at"):
+        if not isinstance(doc.get(name), str):
+            raise ProtocolError(f"manifest field {name!r} must be a string")
+    files = doc.get("files")
+    if not isinstance(files, list):
+        raise ProtocolError("manifest field 'files' must be a list")
+    seen = set()
+    total = 0
+    for entry in files:
+        if not isinstance(entry, dict):
+            raise ProtocolError("a manifest entry is an object")
+        path, size, sha = entry.get("path"), entry.get("size"), entry.get("sha256")
+        if not isinstance(path, str) or _bad_path(path):
+            raise ProtocolError(f"bad manifest path {path!r:.200}")
+        if path in seen:
+            raise ProtocolError(f"manifest lists {path!r:.200} twice")
+        seen.add(path)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ProtocolError(f"bad size for {path!r:.200}")
+        if not isinstance(sha, str) or not _HEX64.match(sha):
+            raise ProtocolError(f"bad sha256 for {path!r:.200}")
+        if entry.get("kind") not in KINDS or entry.get("hashed") not in HASHED:
+            raise ProtocolError(f"bad kind or hashed for {path!r:.200}")
+        step = entry.get("step")
+        if step is not None and not _int(step):
+            raise ProtocolError(f"bad step for {path!r:.200}")
+        total += size
+    if doc.get("total_bytes") != total or not _int(doc.get("total_bytes")):
+        raise ProtocolError(f"manifest total_bytes {doc.get('total_bytes')!r:.30} is not the sum {total}")
+    sha = doc.get("sha256")
+    if not isinstance(sha, str) or sha != manifest_digest(doc):
+        raise ProtocolError("manifest sha256 does not match its content")
+
+
+__all__ = ["FILENAME", "HASHED", "KINDS", "SCHEMA", "VERSION", "canonical_bytes", "check_manifest",
+           "manifest_digest"]
