@@ -1,0 +1,121 @@
+"""`rgt verify RUN_DIR`: prove a pulled run (identity, safe load, recomputed metric).
+
+A thin command over controller.verify.verify; controller/cli.py attaches it. People see one line
+per proof on stdout and one `error:` line per failure on stderr; `--json` prints the report
+(exactly what PULL_VERIFIED.json holds, plus "report_path") as one JSON object. Exit codes:
+0 every proof that ran passed, 1 a proof failed (the last error line names which), 2 usage.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import click
+
+from controller import render
+from controller.clibase import CliError, RgtCommand, emit_json
+from controller.verify import PROOFS, Report, verify
+from controller.verify_load import DEFAULT_TIMEOUT_S
+from controller.verify_metric import (
+    DEFAULT_EVAL_TIMEOUT_S,
+    DEFAULT_METRIC,
+    DEFAULT_TOLERANCE,
+    EvalCommandError,
+)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def _summary(name: str, proof: Dict[str, Any]) -> str:
+    if proof.get("reason"):  # skipped, or failed as a whole (the manifest, nothing to evaluate)
+        return str(proof["reason"])
+    if name == "identity":
+        extra = len(proof.get("extra", []))
+        return (f"{proof['passed']}/{proof['files']} files match ({_gb(proof.get('bytes', 0))}), "
+                f"{extra} extra")
+    if name == "safe_load":
+        text = f"{proof['loaded']} loaded, {proof['failed']} failed, {proof['unknown_format']} unknown format"
+        if proof.get("skipped"):
+            text += f", {proof['skipped']} not tried (identity failed)"
+        return text + ("; finite checked" if proof.get("check_finite") else "")
+    evaluated = proof.get("evaluated", [])
+    parts = [f"step {r['step']}: {r['recomputed']!r} vs reported {r['reported']!r}"
+             for r in evaluated if r.get("ok")]
+    return "; ".join(parts) or f"{proof['failed']} of {len(evaluated)} checkpoint(s) disagree"
+
+
+def _print_human(report: Report) -> None:
+    for name in PROOFS:
+        proof = report.proofs[name]
+        click.echo(render.printable(f"{name:<10} {proof['status']:<8} {_summary(name, proof)}").rstrip())
+        for note in proof.get("notes", []):
+            click.echo(f"warning: {render.printable(note)}", err=True)
+    for line in report.failures():
+        click.echo(f"error: {render.printable(line)}", err=True)
+    if report.ok:
+        click.echo(f"PULL VERIFIED: {report.path}")
+
+
+class _Progress:
+    """`hash 3/10` on one rewritten stderr line, only when stderr is a terminal."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        click.echo(f"\r{stage} {done}/{total}   ", nl=False, err=True)
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            click.echo("\r" + " " * 40 + "\r", nl=False, err=True)
+
+
+@click.command("verify", cls=RgtCommand)
+@click.argument("run_dir", metavar="RUN_DIR",
+                type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The box's PULL_MANIFEST.json [default: RUN_DIR/rgt/PULL_MANIFEST.json].")
+@click.option("--eval-cmd", metavar="CMD",
+              help="Recompute a metric: e.g. 'python eval.py {ckpt}' (no shell; {ckpt} is the path).")
+@click.option("--metric", "eval_metric", default=DEFAULT_METRIC, show_default=True, metavar="NAME",
+              help="The key of the eval's last JSON line and of metrics.jsonl to compare.")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=DEFAULT_TOLERANCE, show_default=True,
+              help="Relative tolerance of the metric comparison (absolute floor 1e-6).")
+@click.option("--eval-all", is_flag=True, help="Evaluate every checkpoint step, not only the newest.")
+@click.option("--eval-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_EVAL_TIMEOUT_S,
+              show_default=True, metavar="SECONDS", help="Per-checkpoint limit of the eval command.")
+@click.option("--trust-pickle", is_flag=True,
+              help="Load pickle checkpoints (still weights_only=True) under a torch older than 2.10.")
+@click.option("--check-finite", is_flag=True, help="Also fail on NaN/Inf in any floating tensor.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Files hashed at once [default: CPU count].")
+@click.option("--load-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_S,
+              show_default=True, metavar="SECONDS", help="Per-file limit of a safe load.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+def verify_command(run_dir: Path, manifest: Optional[Path], eval_cmd: Optional[str], eval_metric: str,
+                   tolerance: float, eval_all: bool, eval_timeout: float, trust_pickle: bool,
+                   check_finite: bool, workers: Optional[int], load_timeout: float, as_json: bool) -> None:
+    """Prove the pulled RUN_DIR against its manifest and write RUN_DIR/rgt/PULL_VERIFIED.json."""
+    progress = _Progress() if not as_json and sys.stderr.isatty() else None
+    try:
+        report = verify(run_dir, manifest, eval_cmd=eval_cmd, eval_metric=eval_metric, tolerance=tolerance,
+                        trust_pickle=trust_pickle, check_finite=check_finite, workers=workers,
+                        load_timeout_s=load_timeout, progress=progress, eval_all=eval_all,
+                        eval_timeout_s=eval_timeout)
+    except EvalCommandError as e:
+        raise click.UsageError(str(e)) from e
+    finally:
+        if progress is not None:
+            progress.clear()
+    if as_json:
+        emit_json({**report.to_dict(), "report_path": str(report.path)})
+    else:
+        _print_human(report)
+    if not report.ok:
+        failed = [name for name in PROOFS if report.proofs[name]["status"] == "failed"]
+        raise CliError(f"verification failed: {', '.join(failed)} (report: {report.path})",
+                       "nothing on the box may be destroyed until `rgt verify` passes")
