@@ -20,6 +20,8 @@ import json
 import os
 import random
 import shlex
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +39,15 @@ RESULTS = REPO / "bench" / "results"
 WAIT_JOB = "import os, time\nwhile not os.path.exists(os.environ['RGT_RUN_DIR'] + '/stop'): time.sleep(0.2)\n"
 
 
+def nonfinite_events(home: Path, run: str) -> int:
+    """train.nonfinite events (onsets and clears) the controller has stored so far."""
+    os.environ["RGT_HOME"] = str(home)
+    from controller.store import Store
+
+    with Store.open() as store:
+        return len(store.events(run, kind_prefix="train.nonfinite"))
+
+
 def pct(values: List[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
@@ -48,6 +59,7 @@ def main() -> int:
     ap.add_argument("--poll-period", type=float, default=90.0)
     ap.add_argument("--settle", type=float, default=0.5, help="seconds between starting a watch and the NaN")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on SIGTERM too
     root = Path(tempfile.mkdtemp(prefix="rgtbench-", dir="/tmp"))
     box = SshBox(root).start()
     home = root / "rgt-home"
@@ -81,9 +93,12 @@ def main() -> int:
             watch.wait(timeout=60)
             latencies.append(time.time() - t0)
             codes.append(watch.returncode)
-            with open(metrics, "a") as f:  # clear it, so the next NaN is a new onset
-                f.write(json.dumps({"step": step + 10, "loss": 0.5}) + "\n")
-            time.sleep(0.3)
+            with open(metrics, "a") as f:  # clear it (3 finite values in a row), so the next NaN is new
+                for k in range(1, 4):
+                    f.write(json.dumps({"step": step + k, "loss": 0.5}) + "\n")
+            deadline = time.monotonic() + 30
+            while nonfinite_events(home, run) < 2 * (i + 1) and time.monotonic() < deadline:
+                time.sleep(0.05)
         polls: List[float] = []
         for _ in range(5):
             t = time.monotonic()
@@ -121,6 +136,7 @@ def main() -> int:
         for lock in (home / "watchers").glob("*.lock") if (home / "watchers").exists() else []:
             watcher.stop_watcher(lock.stem)
         box.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -48,12 +48,9 @@ def _duration(ctx: click.Context, param: click.Parameter, value: Optional[str]) 
 
 
 def _watcher_starter(store: Store) -> Callable[[str], Any]:
-    """ensure_watcher bound to this store; a no-op where controller.watcher is not available."""
-    try:
-        from controller.watcher import ensure_watcher
-    except ImportError as e:
-        log.debug("no background watcher available: %s", e)
-        return lambda run: None
+    """ensure_watcher bound to this store: a run's watcher is (re)started whenever it is watched."""
+    from controller.watcher import ensure_watcher
+
     return lambda run: ensure_watcher(store, run)
 
 

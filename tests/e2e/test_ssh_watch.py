@@ -6,6 +6,8 @@ box's sshd stays down past the link budget. The box is the test sshd on 127.0.0.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
+from controller.watcher import running_pid
 from tests.e2e.rgtbox import Rgt
 from tests.helpers import REPO, rgt_cmd, wait_until
 from tests.sshbox import SshBox
@@ -43,6 +46,9 @@ def test_watch_wakes_on_a_nan_within_two_seconds_then_reports_a_clean_finish(rgt
     go = rgt.root / "go-nan"
     run = rgt.launch("--steps", "100000", "--log-every", "10", "--step-seconds", "0.01",
                      "--nan-at", "200", "--stop-file", str(go))["run_id"]
+    # The background watcher dies (SIGKILL, by the pid its lock names): rgt watch starts another.
+    os.kill(wait_until(lambda: running_pid(run), 10, "the launch's watcher"), signal.SIGKILL)
+    wait_until(lambda: running_pid(run) is None, 10, "the watcher's lock to be released")
     code, record, ended = watch(rgt, run, "--timeout", "60")
     assert code == 10, record
     assert record["event"]["kind"] == "train.nonfinite" and record["event"]["data"]["step"] == 200
