@@ -39,13 +39,13 @@ RESULTS = REPO / "bench" / "results"
 WAIT_JOB = "import os, time\nwhile not os.path.exists(os.environ['RGT_RUN_DIR'] + '/stop'): time.sleep(0.2)\n"
 
 
-def nonfinite_events(home: Path, run: str) -> int:
-    """train.nonfinite events (onsets and clears) the controller has stored so far."""
+def stored(home: Path, run: str, kind: str) -> int:
+    """How many events of `kind` the controller has stored so far."""
     os.environ["RGT_HOME"] = str(home)
     from controller.store import Store
 
     with Store.open() as store:
-        return len(store.events(run, kind_prefix="train.nonfinite"))
+        return len(store.events(run, kind_prefix=kind))
 
 
 def pct(values: List[float], q: float) -> float:
@@ -71,6 +71,7 @@ def main() -> int:
         return subprocess.run([*rgt, *a], env=env, capture_output=True, text=True, check=check, timeout=120)
 
     run_dir = None
+    run = ""
     try:
         call("hosts", "add", "box", "--ssh", box.alias, "--onbox", f"{sys.executable} -m onbox.cli")
         out = call("launch", "box", "--root", str(box.home / "runs"), "--json",
@@ -97,7 +98,7 @@ def main() -> int:
                 for k in range(1, 4):
                     f.write(json.dumps({"step": step + k, "loss": 0.5}) + "\n")
             deadline = time.monotonic() + 30
-            while nonfinite_events(home, run) < 2 * (i + 1) and time.monotonic() < deadline:
+            while stored(home, run, "train.nonfinite") < 2 * (i + 1) and time.monotonic() < deadline:
                 time.sleep(0.05)
         polls: List[float] = []
         for _ in range(5):
@@ -130,7 +131,9 @@ def main() -> int:
     finally:
         if run_dir is not None:
             (run_dir / "stop").write_text("")
-            subprocess.run([*rgt, "runs"], env=env, capture_output=True, timeout=30)
+            deadline = time.monotonic() + 30  # let the job and its sidecar end before the box goes
+            while not stored(home, run, "sidecar.stopping") and time.monotonic() < deadline:
+                time.sleep(0.1)
         from controller import watcher  # stop what this bench started, by pid
         os.environ["RGT_HOME"] = str(home)
         for lock in (home / "watchers").glob("*.lock") if (home / "watchers").exists() else []:
