@@ -52,16 +52,6 @@ def no_leaked_threads() -> Iterator[None]:
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    state = tmp_path / "state"
-    monkeypatch.setenv("RGT_HOME", str(state))
-    # Should RGT_HOME ever be ignored, the fallbacks land in tmp_path too, never in ~.
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setenv("HOME", str(tmp_path / "user"))
-    return state
-
-
-@pytest.fixture
 def populated(home: Path) -> Path:
     with Store.open() as s:
         s.upsert_run(RUN, host="box1", boot_id="b1")

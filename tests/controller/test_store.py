@@ -34,16 +34,6 @@ def ev(seq: int, kind: str = "heartbeat", sev: str = "info", run: str = RUN, **d
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    state = tmp_path / "state"
-    monkeypatch.setenv("RGT_HOME", str(state))
-    # Should RGT_HOME ever be ignored, the fallbacks land in tmp_path too, never in ~.
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setenv("HOME", str(tmp_path / "user"))
-    return state
-
-
-@pytest.fixture
 def db(home: Path) -> Iterator[Store]:
     with Store.open() as s:
         yield s

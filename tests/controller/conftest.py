@@ -1,0 +1,17 @@
+"""Fixtures the controller's tests share."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """RGT_HOME in tmp_path: the store and every state file of the test live there."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("RGT_HOME", str(state))
+    # Should RGT_HOME ever be ignored, the fallbacks land in tmp_path too, never in ~.
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    return state
