@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 import click
 import protocol
 
-from controller import cli_box, cli_runs, cli_verify, cli_watch, render
+from controller import cli_box, cli_pull, cli_runs, cli_verify, cli_watch, render
 from controller.attach import AttachError, attach
 from controller.clibase import (
     JSON_OPTION,
@@ -128,6 +128,8 @@ main.add_command(cli_watch.policy_command)
 main.add_command(cli_box.install_command)
 main.add_command(cli_box.secret_group)
 main.add_command(cli_verify.verify_command)
+main.add_command(cli_pull.pull_command)
+main.add_command(cli_pull.teardown_command)
 
 
 if __name__ == "__main__":

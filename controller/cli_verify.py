@@ -15,6 +15,7 @@ import click
 
 from controller import render
 from controller.clibase import CliError, RgtCommand, emit_json
+from controller.store import Store
 from controller.verify import PROOFS, Report, verify
 from controller.verify_load import DEFAULT_TIMEOUT_S
 from controller.verify_metric import (
@@ -74,9 +75,36 @@ class _Progress:
             click.echo("\r" + " " * 40 + "\r", nl=False, err=True)
 
 
+def _pulled_dir(name: str) -> Path:
+    """RUN_DIR as given, or the directory a run id (or prefix) was last pulled into."""
+    if Path(name).is_dir():
+        return Path(name)
+    if "/" in name or name in (".", ".."):
+        raise click.UsageError(f"directory {name!r} does not exist")
+    from controller.teardown import pulled_dir_of
+
+    with Store.open() as store:
+        run = store.resolve_run(name)
+        where = pulled_dir_of(store, run)
+    if where is None or not where.is_dir():
+        raise CliError(f"{name!r} is not a directory, and run {run} has no pull here",
+                       hint=f"pull it first: rgt pull {run}")
+    return where
+
+
+def _record(report: Any, run_dir: Path) -> None:
+    """verify.done in the store, so `rgt teardown` finds the proof (only for runs the store knows)."""
+    run_id = str(report.to_dict().get("run_id") or "")
+    with Store.open() as store:
+        if run_id not in {r["run"] for r in store.runs()}:
+            return
+        store.add_local_event(run_id, "verify.done", "info" if report.ok else "warn",
+                              {"dest": str(run_dir.resolve()), "ok": report.ok,
+                               "manifest_sha256": report.to_dict().get("manifest_sha256")})
+
+
 @click.command("verify", cls=RgtCommand)
-@click.argument("run_dir", metavar="RUN_DIR",
-                type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("run_dir", metavar="RUN_DIR|RUN")
 @click.option("--manifest", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The box's PULL_MANIFEST.json [default: RUN_DIR/rgt/PULL_MANIFEST.json].")
 @click.option("--eval-cmd", metavar="CMD",
@@ -96,13 +124,18 @@ class _Progress:
 @click.option("--load-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_S,
               show_default=True, metavar="SECONDS", help="Per-file limit of a safe load.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
-def verify_command(run_dir: Path, manifest: Optional[Path], eval_cmd: Optional[str], eval_metric: str,
+def verify_command(run_dir: str, manifest: Optional[Path], eval_cmd: Optional[str], eval_metric: str,
                    tolerance: float, eval_all: bool, eval_timeout: float, trust_pickle: bool,
                    check_finite: bool, workers: Optional[int], load_timeout: float, as_json: bool) -> None:
-    """Prove the pulled RUN_DIR against its manifest and write RUN_DIR/rgt/PULL_VERIFIED.json."""
+    """Prove a pulled run against its manifest and write RUN_DIR/rgt/PULL_VERIFIED.json.
+
+    RUN_DIR is the pulled directory; a run id (or prefix) names the directory `rgt pull` put
+    it in. The result is recorded for `rgt teardown`.
+    """
+    where = _pulled_dir(run_dir)
     progress = _Progress() if not as_json and sys.stderr.isatty() else None
     try:
-        report = verify(run_dir, manifest, eval_cmd=eval_cmd, eval_metric=eval_metric, tolerance=tolerance,
+        report = verify(where, manifest, eval_cmd=eval_cmd, eval_metric=eval_metric, tolerance=tolerance,
                         trust_pickle=trust_pickle, check_finite=check_finite, workers=workers,
                         load_timeout_s=load_timeout, progress=progress, eval_all=eval_all,
                         eval_timeout_s=eval_timeout)
@@ -111,6 +144,7 @@ def verify_command(run_dir: Path, manifest: Optional[Path], eval_cmd: Optional[s
     finally:
         if progress is not None:
             progress.clear()
+    _record(report, where)
     if as_json:
         emit_json({**report.to_dict(), "report_path": str(report.path)})
     else:

@@ -344,15 +344,11 @@ def _write_record(shell: Shell, box: boxprobe.BoxPython, sha256: str, wheel_name
 
 @contextlib.contextmanager
 def _session(shell: Union[Ssh, LocalShell]) -> Iterator[None]:
-    """One ssh master for the whole install (when none runs yet), stopped at the end."""
-    started = isinstance(shell, Ssh) and shell.master_pid() is None
-    if isinstance(shell, Ssh) and started:
+    """One ssh master for the whole install. It is never stopped here: a watcher may have
+    added its forwards meanwhile, and the master ends itself once idle (ssh.MASTER_IDLE_S)."""
+    if isinstance(shell, Ssh):
         shell.start_master()
-    try:
-        yield
-    finally:
-        if isinstance(shell, Ssh) and started:
-            shell.stop_master()
+    yield
 
 
 def _put_on_box(shell: Shell, box: boxprobe.BoxPython, ours: Wheel, python: str, opts: InstallOptions,

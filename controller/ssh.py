@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 # sun_path holds 107 bytes plus NUL, and ssh first binds the ControlPath under a
 # name 17 bytes longer (".%016x") before renaming it into place.
 SOCKET_PATH_MAX = 90
+# The master ends itself this long after its last session or forwarded connection closed
+# (measured: an idle forward listener does not keep it, an open forwarded connection does).
+# Nobody has to stop a shared master, so no user of it can cut off another's session.
+MASTER_IDLE_S = 60
 # Characters that need no quoting in `-o ControlPath=`, in a `-L a:b` spec and
 # in rsync's -e string; anything else goes to the short fallback directory.
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9._/+@,-]+$")
@@ -310,7 +314,8 @@ class Ssh:
                 raise SshError(
                     f"{self.alias}: a master holds {self.control_path} but does not answer",
                     hint=f"end it with `ssh -o ControlPath={self.control_path} -O exit {self.alias}`")
-            argv = [self.ssh_bin, *self.options(), "-o", "ControlMaster=yes", "-o", "ControlPersist=yes",
+            argv = [self.ssh_bin, *self.options(), "-o", "ControlMaster=yes",
+                    "-o", f"ControlPersist={MASTER_IDLE_S}",
                     "-o", "RemoteCommand=none", "-N", "-f", "--", self.alias]
             try:
                 done = _execute(argv, timeout_s=timeout_s, capture_stdout=False)

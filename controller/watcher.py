@@ -154,7 +154,7 @@ class Link(Protocol):
 
     def connect(self) -> Endpoints: ...
     def alive(self) -> bool: ...
-    def close(self, last: bool) -> None: ...
+    def close(self) -> None: ...
 
 
 class LocalLink:
@@ -174,7 +174,7 @@ class LocalLink:
     def alive(self) -> bool:
         return True
 
-    def close(self, last: bool) -> None:
+    def close(self) -> None:
         pass
 
 
@@ -208,16 +208,14 @@ class SshLink:
     def alive(self) -> bool:
         return self.ssh.master_pid() is not None
 
-    def close(self, last: bool) -> None:
-        """Drop this run's forwards; stop the master too when no other watcher uses it."""
+    def close(self) -> None:
+        """Drop this run's forwards. The shared master ends itself once idle (ssh.MASTER_IDLE_S)."""
         if self._remote is not None and self.alive():
             for local, remote in ((self.local_pub, self._remote.pub), (self.local_ctl, self._remote.ctl)):
                 try:
                     self.ssh.cancel_forward(local, remote[len("ipc://"):])
                 except SshError as e:
                     log.debug("cancel forward %s: %s", local, e)
-        if last:
-            self.ssh.stop_master()
         for sock in (self.local_pub, self.local_ctl):
             try:
                 sock.unlink()
@@ -379,20 +377,6 @@ class Watcher:
             store.add_local_event(self.run, "sidecar.silent", "info", {"state": "cleared"})
 
 
-def _others_use(store: Store, run: str, target: str) -> bool:
-    """Whether a watcher of another run on the same host is running (it shares the master)."""
-    for lock in watcher_dir().glob("*.lock"):
-        other = lock.stem
-        if other == run or not running_pid(other):
-            continue
-        try:
-            if store.run(other)["target"] == target:
-                return True
-        except Exception:  # a run this store does not know: not ours to judge
-            continue
-    return False
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
@@ -421,7 +405,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             code = watcher.serve(store, sub_store)
         finally:
-            watcher.link.close(last=not _others_use(store, run, str(info["target"])))
+            watcher.link.close()
             f.pid.unlink(missing_ok=True)
         log.info("stopped watching %s", run)
         return code

@@ -4,14 +4,18 @@ Imports nothing of ours. One schema, and a key it does not know is refused with 
 and its line. This first cut carries what the launcher applies (the `[scripts]` section: the
 interpreter, the proxy hook, mirror variables, the data and durable directories) and what a person
 must hear before renting (the `[surface]` section: what really stops the meter, the danger clocks,
-short notes; printed once per platform by the controller). The billing, teardown and dead-man facts
-of each platform extend the same schema.
+short notes; printed once per platform by the controller), and the teardown facts (`[actions.<name>]`:
+what each provider action stops, deletes and still bills, how to run it, when that was last checked,
+and `meter_stop_action`, the one that really stops the meter). Spot, storage and dead-man facts
+extend the same schema.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import re
+import shlex
+import string
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -23,12 +27,40 @@ else:  # pragma: no cover - exercised by the 3.9 run
 
 _HERE = Path(__file__).resolve().parent
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+_ACTION_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_VERIFIED = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
+# The only words a command template may name: filled in by the controller, never a secret.
+PLACEHOLDERS = ("instance_id", "host", "run_id")
+
+
+class _Each:
+    """A table of named sub-tables, each checked against one schema (`[actions.<name>]`)."""
+
+    def __init__(self, schema: Mapping[str, Any]) -> None:
+        self.schema = schema
+
+
+# One provider action that `rgt teardown` can plan and run. "names" is a list of env-var names.
+_ACTION: Dict[str, Any] = {
+    "stops_meter": bool,
+    "deletes": str,
+    "still_bills": str,
+    "reversible": bool,
+    "command": str,
+    "credentials_env": "names",
+    "console": "lines",
+    "verified": str,
+    "source": str,
+}
+_ACTION_REQUIRED = ("stops_meter", "deletes", "reversible", "verified")
 
 # The schema: each key's type, or a nested table. "env" is a free table of NAME = "value";
 # "lines" a list of one-line strings.
 _SCHEMA: Dict[str, Any] = {
     "name": str,
     "kind": str,
+    "meter_stop_action": str,
     "scripts": {
         "python": str,
         "proxy_hook": str,
@@ -41,6 +73,7 @@ _SCHEMA: Dict[str, Any] = {
         "danger_clocks": "lines",
         "notes": "lines",
     },
+    "actions": _Each(_ACTION),
 }
 
 
@@ -71,12 +104,35 @@ class Surface:
 
 
 @dataclasses.dataclass(frozen=True)
+class Action:
+    """A provider action on the instance (stop, release, destroy ...) and what it costs.
+
+    `command` is a template split like a shell line (never run by a shell) whose only placeholders
+    are PLACEHOLDERS; credentials reach it only as the environment variables named in
+    `credentials_env`. Without a command, `console` holds the exact steps for a person.
+    """
+
+    name: str
+    stops_meter: bool                   # the compute meter stops once it is done
+    deletes: str                        # what is lost for good ("nothing" when nothing is)
+    reversible: bool                    # the instance can be brought back as it was
+    verified: str                       # "YYYY-MM": when these facts were last checked
+    still_bills: str = ""               # what keeps billing afterwards
+    command: Optional[str] = None
+    credentials_env: Tuple[str, ...] = ()
+    console: Tuple[str, ...] = ()
+    source: str = ""                    # where the facts come from, in short
+
+
+@dataclasses.dataclass(frozen=True)
 class Profile:
     name: str
     kind: str
     scripts: Scripts
     path: Path
     surface: Surface = dataclasses.field(default_factory=Surface)
+    actions: Mapping[str, Action] = dataclasses.field(default_factory=dict)
+    meter_stop_action: Optional[str] = None  # the action that really stops the meter
 
 
 def directory(environ: Optional[Mapping[str, str]] = None) -> Path:
@@ -115,11 +171,72 @@ def load(name: str, where: Optional[Path] = None) -> Profile:
     f = doc.get("surface", {})
     surface = Surface(meter_stop=f.get("meter_stop"), danger_clocks=tuple(f.get("danger_clocks", ())),
                       notes=tuple(f.get("notes", ())))
-    return Profile(name=doc["name"], kind=doc["kind"], scripts=scripts, path=path, surface=surface)
+    actions = {key: _action(key, value, path, text) for key, value in doc.get("actions", {}).items()}
+    meter_stop_action = doc.get("meter_stop_action")
+    if meter_stop_action is not None and meter_stop_action not in actions:
+        raise ProfileError(f"{path}:{_line_of(text, 'meter_stop_action')}: meter_stop_action = "
+                           f"{meter_stop_action!r} names no [actions.{meter_stop_action}] table")
+    return Profile(name=doc["name"], kind=doc["kind"], scripts=scripts, path=path, surface=surface,
+                   actions=actions, meter_stop_action=meter_stop_action)
 
 
-def _line_of(text: str, key: str) -> int:
-    """The first line that defines `key` (as `key =` or in a table header); 0 when not found."""
+def _action(name: str, a: Mapping[str, Any], path: Path, text: str) -> Action:
+    """One checked [actions.<name>] table (its keys and types are checked already)."""
+    table = f"actions.{name}"
+    head = f"{path}:{_line_of(text, name, 'actions')}"
+    for key in _ACTION_REQUIRED:
+        if key not in a:
+            stamp = ' = "YYYY-MM" stamp' if key == "verified" else ""
+            raise ProfileError(f"{head}: [{table}] has no {key!r}{stamp}")
+    if not _VERIFIED.match(a["verified"]):
+        raise ProfileError(f"{path}:{_line_of(text, 'verified', table)}: '{table}.verified' must be "
+                           f"\"YYYY-MM\" (a real month), not {a['verified']!r}")
+    command = a.get("command")
+    if command is not None:
+        _check_command(command, f"{path}:{_line_of(text, 'command', table)}", table)
+    elif "credentials_env" in a:
+        raise ProfileError(f"{head}: [{table}] names credentials_env but has no command")
+    if command is None and not a.get("console"):
+        raise ProfileError(f"{head}: [{table}] needs a command or console steps")
+    return Action(name=name, stops_meter=a["stops_meter"], deletes=a["deletes"], reversible=a["reversible"],
+                  verified=a["verified"], still_bills=a.get("still_bills", ""), command=command,
+                  credentials_env=tuple(a.get("credentials_env", ())), console=tuple(a.get("console", ())),
+                  source=a.get("source", ""))
+
+
+def _check_command(command: str, where: str, table: str) -> None:
+    """A template: splits like a shell line, names only PLACEHOLDERS, and carries no secret-looking
+    expansion (nothing runs it through a shell, so `$VAR` would reach the program as text)."""
+    try:
+        words = shlex.split(command)
+        fields = [f for word in words for _, f, spec, conv in string.Formatter().parse(word)
+                  if f is not None and (f not in PLACEHOLDERS or spec or conv)]
+    except ValueError as e:
+        raise ProfileError(f"{where}: '{table}.command' is not a usable template: {e}") from None
+    if not words:
+        raise ProfileError(f"{where}: '{table}.command' is empty")
+    if fields:
+        raise ProfileError(f"{where}: '{table}.command' may name only "
+                           f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)}, not {{{fields[0]}}}")
+    if "$" in command or "`" in command:
+        raise ProfileError(f"{where}: '{table}.command' must not expand variables: credentials come "
+                           "only from the environment variables named in credentials_env")
+
+
+def _line_of(text: str, key: str, table: str = "") -> int:
+    """The line that defines `key`: inside `[table]` when one is given and found there (as
+    `key =` or as the header `[table.key]`), else the first line anywhere that does; 0 if none."""
+    own = re.compile(rf"^\s*{re.escape(key)}\s*=")
+    header = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]")
+    current = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        found = header.match(line)
+        if found:
+            current = found.group(1).replace(" ", "").replace('"', "")
+            if table and current == f"{table}.{key}":
+                return number
+        elif table and current == table and own.match(line):
+            return number
     pattern = re.compile(rf"^\s*(\[[^\]]*\b{re.escape(key)}\b[^\]]*\]|{re.escape(key)}\s*=)")
     for number, line in enumerate(text.splitlines(), 1):
         if pattern.match(line):
@@ -128,26 +245,39 @@ def _line_of(text: str, key: str) -> int:
 
 
 def _check(doc: Mapping[str, Any], schema: Mapping[str, Any], path: Path, text: str, prefix: str) -> None:
+    table = prefix.rstrip(".")
     for key, value in doc.items():
         where = f"{prefix}{key}"
+        line = _line_of(text, key, table)
         if key not in schema:
             allowed = ", ".join(sorted(schema))
-            raise ProfileError(
-                f"{path}:{_line_of(text, key)}: unknown key {where!r} (allowed here: {allowed})")
+            raise ProfileError(f"{path}:{line}: unknown key {where!r} (allowed here: {allowed})")
         want = schema[key]
+        if isinstance(want, _Each):
+            if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+                raise ProfileError(f"{path}:{line}: {where!r} must be a table of [{where}.<name>] tables")
+            for name, sub in value.items():
+                if not _ACTION_NAME.match(name):
+                    raise ProfileError(f"{path}:{_line_of(text, name, where)}: [{where}.{name}]: a name is "
+                                       "1-32 of a-z 0-9 _ (starting with a letter)")
+                _check(sub, want.schema, path, text, f"{where}.{name}.")
+            continue
         if isinstance(want, dict):
             if not isinstance(value, dict):
-                raise ProfileError(f"{path}:{_line_of(text, key)}: {where!r} must be a table")
+                raise ProfileError(f"{path}:{line}: {where!r} must be a table")
             _check(value, want, path, text, f"{where}.")
         elif want == "env":
             if not isinstance(value, dict) or not all(
-                    isinstance(k, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k) and isinstance(v, str)
+                    isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str)
                     for k, v in value.items()):
-                raise ProfileError(f"{path}:{_line_of(text, key)}: {where!r} must map NAME = \"value\"")
+                raise ProfileError(f"{path}:{line}: {where!r} must map NAME = \"value\"")
         elif want == "lines":
             if not isinstance(value, list) or not all(
                     isinstance(v, str) and v.strip() and "\n" not in v for v in value):
-                raise ProfileError(
-                    f"{path}:{_line_of(text, key)}: {where!r} must be a list of one-line strings")
+                raise ProfileError(f"{path}:{line}: {where!r} must be a list of one-line strings")
+        elif want == "names":
+            if not isinstance(value, list) or not all(
+                    isinstance(v, str) and _ENV_NAME.match(v) for v in value):
+                raise ProfileError(f"{path}:{line}: {where!r} must be a list of environment variable names")
         elif not isinstance(value, want):
-            raise ProfileError(f"{path}:{_line_of(text, key)}: {where!r} must be a {want.__name__}")
+            raise ProfileError(f"{path}:{line}: {where!r} must be a {want.__name__}")

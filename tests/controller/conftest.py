@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """RGT_HOME in tmp_path: the store and every state file of the test live there."""
+    """RGT_HOME in tmp_path, for every controller test: no test may touch the real state dir."""
     state = tmp_path / "state"
     monkeypatch.setenv("RGT_HOME", str(state))
     # Should RGT_HOME ever be ignored, the fallbacks land in tmp_path too, never in ~.

@@ -1,0 +1,358 @@
+"""`rgt pull RUN`: bring a run's files home, resumably, and never call half a pull complete.
+
+    result = pull(store, run, dest=None, bwlimit=None, on_progress=None)
+
+1. ask    the box for a fresh manifest (`rgt-onbox manifest RUN_DIR --json`) and read it back:
+          the exact list of files, each with its size and SHA-256 (protocol.pull);
+2. stage  into <dest>.partial/ next to the final dir, never under the final name. What staging holds
+          already stays only where it can help: a file of the listed size must hash to the listed
+          SHA-256, a shorter one is a prefix that rsync appends to; anything else is removed from
+          staging (ours: it carries the marker file). Files of an earlier pull in <dest> that hash
+          to the listed SHA-256 are hard-linked in, so a rerun sends nothing twice;
+3. fetch  the manifest and every listed file with ONE rsync over the host's ssh master (when one runs):
+          `--files-from` the exact list (`--from0`), `--copy-links`, `--partial --append-verify`.
+          Appending writes in place, so every byte received survives even a SIGKILL, and rsync
+          checks each appended file as a whole (a file whose start differs is sent again);
+4. check  every size against the manifest, and the manifest against the bytes read in step 1;
+5. swap   staging into place (os.replace): <dest> is exactly this pull, never a mix of two. An
+          earlier pull there is removed once each of its files is hard-linked into the new one
+          (its PULL_MANIFEST/PULL_VERIFIED are superseded), else kept as <dest>.prev-<time>.
+
+Measured with rsync 3.5 (hence no --link-dest and no --partial-dir): with --append-verify, rsync skips
+a file whose --link-dest copy has the listed size but other content, and leaves it out of staging
+altogether; and a --partial-dir temp file is lost when rsync is SIGKILLed.
+
+No rsync on the box is an error with a hint, never a fallback to scp (which cannot resume).
+Sizes are proved here; `rgt verify` proves content (SHA-256, safe load) and writes PULL_VERIFIED.json.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+from protocol import ProtocolError
+from protocol.pull import check_manifest
+
+from controller import install
+from controller.pullstage import (
+    MANIFEST_REL,
+    STAGING_SUFFIX,
+    Entry,
+    PullError,
+    check_staging,
+    earlier_pull,
+    prepare,
+    staging_dir,
+    swap_in,
+)
+from controller.ssh import LocalShell, Ssh, SshError, classify
+from controller.store import Store
+
+RSYNC_IO_TIMEOUT_S = 120
+MANIFEST_TIMEOUT_S = 3600  # the box may hash checkpoints custody has not hashed yet
+_BWLIMIT = re.compile(r"^[0-9]+(\.[0-9]+)?[KkMmGg]?$")
+_PROGRESS = re.compile(rb"^\s*([\d,]+)\s+\d+%\s")
+_STATS = {b"Literal data:": "literal_bytes", b"Matched data:": "matched_bytes",
+          b"Total bytes received:": "received_bytes",
+          b"Number of regular files transferred:": "files_transferred"}
+_PROGRESS_EVERY_S = 0.5
+_ATTEMPTS = 3
+log = logging.getLogger(__name__)
+Shell = Union[Ssh, LocalShell]
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    pulled_bytes: int
+    total_bytes: int
+    rate_bps: float
+    eta_s: Optional[float]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class PullResult:
+    run: str
+    dest: str
+    files: int                 # files the manifest lists (the manifest itself not counted)
+    bytes: int                 # their total size
+    manifest_sha256: str
+    resumed_bytes: int         # bytes that were in staging (or linked from an earlier pull) before rsync
+    rsync: Dict[str, int]      # rsync's own --stats: literal/matched/received bytes, files transferred
+    elapsed_s: float
+    previous: Optional[str] = None  # an earlier pull kept aside because it held files this one does not
+
+    def to_dict(self) -> Dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["transferred_bytes"] = self.rsync.get("literal_bytes", 0)
+        return out
+
+
+# ---- the box ----------------------------------------------------------------------------------
+
+
+def _last_json(data: bytes) -> Optional[Dict[str, Any]]:
+    for line in reversed(data.decode("utf-8", "replace").splitlines()):
+        if line.strip().startswith("{"):
+            with contextlib.suppress(ValueError):
+                obj = json.loads(line)
+                if isinstance(obj, dict):
+                    return obj
+    return None
+
+
+def _errors(data: bytes) -> str:
+    lines = [ln.strip() for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
+    return " / ".join(lines[-3:])[-600:] or "no output"
+
+
+def need_rsync(shell: Shell, host: str, run: str) -> None:
+    """rsync here (3.1+, for --info=progress2) and on the box, or PullError with the fix."""
+    local = shutil.which(getattr(shell, "rsync_bin", "rsync"))
+    if local is None:
+        raise PullError("rsync is not installed on this machine",
+                        hint="install it (apt-get install rsync, dnf install rsync, brew install rsync)")
+    version = subprocess.run([local, "--version"], capture_output=True, timeout=30, check=False).stdout
+    found = re.search(rb"version\s+v?(\d+)\.(\d+)", version)
+    if found is None or (int(found.group(1)), int(found.group(2))) < (3, 1):
+        raise PullError(f"{local} is too old for a resumable pull (rgt needs rsync 3.1 or newer)",
+                        hint="install a current rsync (macOS: brew install rsync) and put it first on PATH")
+    if isinstance(shell, LocalShell):
+        return
+    done = shell.run("command -v rsync", check=False, timeout_s=60)
+    if done.returncode != 0:
+        raise PullError(
+            f"rsync is not installed on {host}: `command -v rsync` found nothing there",
+            hint=f"install it on {host} (Debian/Ubuntu images: `apt-get install -y rsync`), then run "
+                 f"`rgt pull {run}` again; rgt does not fall back to scp, which cannot resume a pull")
+
+
+def box_manifest(shell: Shell, onbox: str, run_dir: str, run: str) -> Tuple[Dict[str, Any], bytes, str]:
+    """(manifest doc, its exact bytes, the run dir as the box resolved it), freshly written there."""
+    done = shell.run(f"{onbox} manifest {shlex.quote(run_dir)} --json", check=False,
+                     timeout_s=MANIFEST_TIMEOUT_S)
+    answer = _last_json(done.stdout)
+    if done.returncode != 0 or answer is None or not isinstance(answer.get("sha256"), str):
+        raise PullError(f"the box could not list {run} for a pull (rgt-onbox manifest, exit "
+                        f"{done.returncode}): {_errors(done.stderr)}", hint="nothing was copied")
+    where = str(answer.get("run_dir") or run_dir)
+    raw = shell.run(f"cat -- {shlex.quote(where + '/' + MANIFEST_REL)}", timeout_s=300).stdout
+    try:
+        doc = json.loads(raw)
+        check_manifest(doc)
+    except (ValueError, ProtocolError) as e:
+        raise PullError(f"the box's {MANIFEST_REL} for {run} is not usable: {e}") from e
+    if doc["sha256"] != answer["sha256"]:
+        raise PullError(f"{MANIFEST_REL} of {run} changed while it was read",
+                        hint="another `rgt pull` of this run may be running; try again when it is done")
+    return doc, raw, where
+
+
+# ---- rsync ------------------------------------------------------------------------------------
+
+
+class _Meter:
+    """rsync's --info=progress2 lines as Progress, at most every _PROGRESS_EVERY_S."""
+
+    def __init__(self, total: int, resumed: int, complete: int, on_progress: Callable[[Progress], None],
+                 clock: Callable[[], float]) -> None:
+        self.total, self.resumed, self.complete = total, resumed, complete
+        self.on_progress, self.clock = on_progress, clock
+        self.began = self.last = clock()
+        self.pulled = resumed
+
+    def line(self, raw: bytes) -> None:
+        found = _PROGRESS.match(raw)
+        if found is None:
+            return
+        # progress2 counts the files rsync works on (with any prefix they had), not skipped ones
+        done = int(found.group(1).replace(b",", b""))
+        self.pulled = max(self.resumed, min(self.total, self.complete + done))
+        if self.clock() - self.last >= _PROGRESS_EVERY_S:
+            self.emit()
+
+    def emit(self, final: bool = False) -> None:
+        now = self.last = self.clock()
+        spent = now - self.began  # a rate over less than a second says little, until the end
+        rate = (self.pulled - self.resumed) / spent if spent >= 1.0 or (final and spent > 0) else 0.0
+        eta = (self.total - self.pulled) / rate if rate > 0 else None
+        self.on_progress(Progress(self.pulled, self.total, round(rate, 1),
+                                  None if eta is None else round(eta, 1)))
+
+
+def rsync_argv(shell: Shell, run_dir: str, staging: Path, list_file: Path,
+               bwlimit: Optional[str]) -> List[str]:
+    argv = [getattr(shell, "rsync_bin", "rsync"), f"--files-from={list_file}", "--from0", "--copy-links",
+            "--times", "--partial", "--append-verify", "--protect-args", "--no-inc-recursive",
+            "--info=progress2", "--stats", f"--timeout={RSYNC_IO_TIMEOUT_S}"]
+    if bwlimit:
+        argv.append(f"--bwlimit={bwlimit}")
+    source = run_dir.rstrip("/") + "/"
+    if isinstance(shell, Ssh):
+        argv += ["-e", shell.rsync_shell()]
+        source = f"{shell.alias}:{source}"
+    return [*argv, "--", source, f"{staging}/"]
+
+
+def _read_lines(fd: int, on_line: Callable[[bytes], None]) -> None:
+    """Every \\r- or \\n-ended piece of what the pipe carries, until EOF."""
+    buf = b""
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        parts = re.split(rb"[\r\n]", buf + chunk)
+        buf = parts.pop()
+        for part in parts:
+            on_line(part)
+    if buf:
+        on_line(buf)
+
+
+def run_rsync(argv: List[str], meter: _Meter) -> Tuple[int, Dict[str, int], bytes]:
+    """(exit code, --stats numbers, stderr). rsync stays in our process group, so Ctrl-C (and a
+    kill of the group) reaches it; on any exception here it is ended and waited for."""
+    stats: Dict[str, int] = {}
+
+    def on_line(raw: bytes) -> None:
+        for prefix, name in _STATS.items():
+            if raw.startswith(prefix):
+                stats[name] = int(raw[len(prefix):].split()[0].replace(b",", b""))
+                return
+        meter.line(raw)
+
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+        try:
+            assert proc.stdout is not None
+            _read_lines(proc.stdout.fileno(), on_line)
+            code = proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # rsync keeps what it has (it writes in place)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        err.seek(0)
+        return code, stats, err.read()
+
+
+def _rsync_failed(shell: Shell, code: int, stderr: bytes, staging: Path, run: str) -> PullError:
+    again = f"the bytes received so far stay in {staging}; run `rgt pull {run}` again to go on from there"
+    if isinstance(shell, Ssh):
+        link = classify(shell.alias, stderr, code)
+        if link is not None:
+            return PullError(f"rsync lost the box: {link.message}",
+                             hint=f"{link.hint}; {again}" if link.hint else again)
+    what = "was interrupted" if code == 20 else f"failed (exit {code})"
+    return PullError(f"rsync {what}: {_errors(stderr)}", hint=again)
+
+
+def _entries(doc: Dict[str, Any], manifest_raw: bytes) -> Dict[str, Entry]:
+    entries = {str(f["path"]): Entry(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in doc["files"]}
+    entries[MANIFEST_REL] = Entry(MANIFEST_REL, len(manifest_raw), hashlib.sha256(manifest_raw).hexdigest())
+    return entries
+
+
+def _fetch(shell: Shell, where: str, staging: Path, entries: Dict[str, Entry], earlier: Optional[Path],
+           bwlimit: Optional[str], on_progress: Callable[[Progress], None], clock: Callable[[], float]
+           ) -> Tuple[int, Dict[str, int], int, bytes]:
+    """Steps 2 and 3: (resumed bytes, rsync stats, rsync exit code, its stderr)."""
+    resumed = prepare(staging, entries, earlier)
+    complete = sum(e.size for rel, e in entries.items()
+                   if os.path.lexists(staging / rel) and os.lstat(staging / rel).st_size == e.size)
+    meter = _Meter(sum(e.size for e in entries.values()), resumed, complete, on_progress, clock)
+    with tempfile.NamedTemporaryFile(prefix="rgt-pull-", suffix=".list") as listing:
+        listing.write(b"".join(rel.encode("utf-8") + b"\0" for rel in sorted(entries)))
+        listing.flush()
+        code, stats, stderr = run_rsync(rsync_argv(shell, where, staging, Path(listing.name), bwlimit), meter)
+    if code == 0:
+        meter.pulled = meter.total
+    meter.emit(final=True)
+    return resumed, stats, code, stderr
+
+
+def _pull_once(store: Store, shell: Shell, run_id: str, host: str, run_dir: str, target: Path,
+               bwlimit: Optional[str], on_progress: Callable[[Progress], None], clock: Callable[[], float]
+               ) -> Tuple[Dict[str, Any], int, Dict[str, int], Optional[Path]]:
+    """One attempt: (manifest doc, resumed bytes, rsync stats, where an earlier pull was kept)."""
+    need_rsync(shell, host, run_id)
+    doc, raw, where = box_manifest(shell, install.onbox_command(store, host), run_dir, run_id)
+    if doc["run_id"] != run_id:
+        raise PullError(f"the box says {run_dir} holds run {doc['run_id']!r}, not {run_id}")
+    earlier = earlier_pull(target, run_id)
+    entries = _entries(doc, raw)
+    staging = target.with_name(target.name + STAGING_SUFFIX)
+    with staging_dir(staging, run_id):
+        resumed, stats, code, stderr = _fetch(shell, where, staging, entries, earlier, bwlimit, on_progress,
+                                              clock)
+        if code != 0:
+            raise _rsync_failed(shell, code, stderr, staging, run_id)
+        check_staging(staging, entries, raw)
+        return doc, resumed, stats, swap_in(staging, target, clock)
+
+
+def pull(store: Store, run: str, dest: Optional[Path] = None, *, bwlimit: Optional[str] = None,
+         on_progress: Optional[Callable[[Progress], None]] = None, shell: Optional[Shell] = None,
+         clock: Callable[[], float] = time.time) -> PullResult:
+    """Pull RUN into `dest` (default ./runs/<run-id>) as the module doc says. Raises PullError
+    (and StoreError for an unknown run); an interrupted pull leaves staging for the rerun.
+
+    The pull rides the host's ssh master when one runs and starts none itself (a master started
+    here would outlive a killed pull, and stopping it would cut the watchers' forwards). A run's
+    watcher stops that master when the run is over, even under a pull: when the master we rode is
+    gone after a failure, the pull goes on without it, resuming (at most _ATTEMPTS tries).
+    """
+    began = time.monotonic()
+    if bwlimit is not None and not _BWLIMIT.match(bwlimit):
+        raise PullError(f"--bwlimit {bwlimit!r} is not a rate like 500k, 20m or 1.5g (bytes per second)")
+    info = store.run(run)
+    run_id, host, run_dir = str(info["run"]), str(info["target"] or ""), str(info["run_dir"] or "")
+    if not host or not run_dir:
+        raise PullError(f"run {run_id} was not launched through rgt: no host or run directory known")
+    shell = shell or install.shell_for(install.host_record(store, host))
+    target = Path(os.path.abspath(dest if dest is not None else Path("runs") / run_id))
+    for attempt in range(1, _ATTEMPTS + 1):
+        riding = isinstance(shell, Ssh) and shell.master_pid() is not None
+        try:
+            doc, resumed, stats, previous = _pull_once(store, shell, run_id, host, run_dir, target, bwlimit,
+                                                       on_progress or (lambda p: None), clock)
+            break
+        except (PullError, SshError) as e:
+            if attempt < _ATTEMPTS and riding and isinstance(shell, Ssh) and shell.master_pid() is None:
+                log.info("the ssh master of %s went away during the pull (%s); going on without it", host, e)
+                continue
+            if isinstance(e, SshError):
+                raise PullError(e.message, e.hint) from e
+            raise
+    result = PullResult(run=run_id, dest=str(target), files=len(doc["files"]), bytes=int(doc["total_bytes"]),
+                        manifest_sha256=str(doc["sha256"]), resumed_bytes=resumed, rsync=stats,
+                        elapsed_s=round(time.monotonic() - began, 3),
+                        previous=None if previous is None else str(previous))
+    store.add_local_event(run_id, "pull.done", "info", {
+        "dest": result.dest, "manifest_sha256": result.manifest_sha256, "files": result.files,
+        "bytes": result.bytes, "host": host, "transferred_bytes": stats.get("literal_bytes", 0)})
+    return result
+
+
+__all__ = ["Progress", "PullError", "PullResult", "box_manifest", "need_rsync", "pull", "rsync_argv",
+           "run_rsync"]
