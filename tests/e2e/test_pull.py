@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Set, Tuple
 
@@ -21,25 +20,18 @@ import pytest
 from controller import teardown
 from controller.verify import verify
 from tests.e2e.rgtbox import Rgt
-from tests.helpers import REPO, wait_until
+from tests.helpers import REPO, rgt_cmd, wait_until
 from tests.sshbox import SshBox
 
 pytestmark = pytest.mark.e2e
 
-# `rgt` with pull and teardown added when the group does not carry them (yet): the real group,
-# its error lines and exit codes either way.
-_RGT = ("from controller.cli import main\n"
-        "from controller import cli_pull\n"
-        "for c in (cli_pull.pull_command, cli_pull.teardown_command):\n"
-        "    main.commands.setdefault(c.name, c)\n"
-        "main(prog_name='rgt')\n")
 # Half of the total lies in the middle of the second file: the kill leaves a half-written file.
 BIG_FILES = 3
 BIG_FILE_BYTES = 200 * 1000 * 1000 // BIG_FILES
 
 
 def rgt_argv(*args: str) -> List[str]:
-    return [sys.executable, "-c", _RGT, *args]
+    return rgt_cmd(*args)
 
 
 def pull(rgt: Rgt, *args: str, check: bool = True) -> Tuple[int, Dict[str, Any], str]:
