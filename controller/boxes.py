@@ -8,12 +8,12 @@ shell-quoted; secrets never on them) and reads its one JSON answer.
 """
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from controller import install
 from controller.install import LOCAL, InstallError, check_version, host_record, onbox_command
+from controller.output import error_tail, last_json_object
 from controller.ssh import LocalShell, Ssh, SshError
 from controller.store import Store
 
@@ -37,18 +37,10 @@ def shell_for(store: Store, name: str) -> Shell:
 
 def _json_answer(out: Any, what: str) -> Dict[str, Any]:
     """The last JSON object rgt-onbox printed, or BoxError with its error lines."""
-    for line in reversed(out.stdout.decode(errors="replace").splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                return obj
-    err = [ln for ln in out.stderr.decode(errors="replace").splitlines() if ln.strip()]
-    raise BoxError(f"{what} failed on the box (exit {out.returncode}): "
-                   + (" / ".join(err[-3:]) if err else "no output"))
+    obj = last_json_object(out.stdout)
+    if obj is None:
+        raise BoxError(f"{what} failed on the box (exit {out.returncode}): {error_tail(out.stderr)}")
+    return obj
 
 
 def launch(store: Store, host: str, command: Sequence[str], *, run_id: Optional[str] = None,

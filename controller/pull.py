@@ -27,7 +27,6 @@ Sizes are proved here; `rgt verify` proves content (SHA-256, safe load) and writ
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -47,6 +46,7 @@ from protocol import ProtocolError
 from protocol.pull import check_manifest
 
 from controller import install
+from controller.output import error_tail, last_json_object
 from controller.pullstage import (
     MANIFEST_REL,
     STAGING_SUFFIX,
@@ -106,21 +106,6 @@ class PullResult:
 # ---- the box ----------------------------------------------------------------------------------
 
 
-def _last_json(data: bytes) -> Optional[Dict[str, Any]]:
-    for line in reversed(data.decode("utf-8", "replace").splitlines()):
-        if line.strip().startswith("{"):
-            with contextlib.suppress(ValueError):
-                obj = json.loads(line)
-                if isinstance(obj, dict):
-                    return obj
-    return None
-
-
-def _errors(data: bytes) -> str:
-    lines = [ln.strip() for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
-    return " / ".join(lines[-3:])[-600:] or "no output"
-
-
 def need_rsync(shell: Shell, host: str, run: str) -> None:
     """rsync here (3.1+, for --info=progress2) and on the box, or PullError with the fix."""
     local = shutil.which(getattr(shell, "rsync_bin", "rsync"))
@@ -146,10 +131,10 @@ def box_manifest(shell: Shell, onbox: str, run_dir: str, run: str) -> Tuple[Dict
     """(manifest doc, its exact bytes, the run dir as the box resolved it), freshly written there."""
     done = shell.run(f"{onbox} manifest {shlex.quote(run_dir)} --json", check=False,
                      timeout_s=MANIFEST_TIMEOUT_S)
-    answer = _last_json(done.stdout)
+    answer = last_json_object(done.stdout)
     if done.returncode != 0 or answer is None or not isinstance(answer.get("sha256"), str):
         raise PullError(f"the box could not list {run} for a pull (rgt-onbox manifest, exit "
-                        f"{done.returncode}): {_errors(done.stderr)}", hint="nothing was copied")
+                        f"{done.returncode}): {error_tail(done.stderr)}", hint="nothing was copied")
     where = str(answer.get("run_dir") or run_dir)
     raw = shell.run(f"cat -- {shlex.quote(where + '/' + MANIFEST_REL)}", timeout_s=300).stdout
     try:
@@ -264,7 +249,7 @@ def _rsync_failed(shell: Shell, code: int, stderr: bytes, staging: Path, run: st
             return PullError(f"rsync lost the box: {link.message}",
                              hint=f"{link.hint}; {again}" if link.hint else again)
     what = "was interrupted" if code == 20 else f"failed (exit {code})"
-    return PullError(f"rsync {what}: {_errors(stderr)}", hint=again)
+    return PullError(f"rsync {what}: {error_tail(stderr)}", hint=again)
 
 
 def _entries(doc: Dict[str, Any], manifest_raw: bytes) -> Dict[str, Entry]:

@@ -25,6 +25,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from controller.output import last_json_object
+
 DEFAULT_METRIC = "loss"
 DEFAULT_TOLERANCE = 1e-4  # relative: same weights, same data, other hardware or kernels
 ABS_TOLERANCE = 1e-6  # for values near zero
@@ -79,19 +81,6 @@ def reported_for(values: Dict[int, float], step: int) -> Optional[Tuple[int, flo
         return step, values[step]
     earlier = [s for s in values if s < step]
     return (max(earlier), values[max(earlier)]) if earlier else None
-
-
-def last_json_object(stdout: str) -> Optional[Dict[str, Any]]:
-    for line in reversed(stdout.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                return obj
-    return None
 
 
 def close_enough(a: float, b: float, tolerance: float) -> bool:
