@@ -81,7 +81,7 @@ def hosts_add(name: str, alias: str, profile: str, onbox: str, root: str, replac
         import profiles
 
         try:
-            profiles.load(profile)
+            profiles.load(profile, profiles.directory())
         except Exception as e:  # the loader's own errors name the file and line
             raise CliError(f"profile {profile!r}: {e}", hint="see the profiles/ directory") from e
     with Store.open() as store:

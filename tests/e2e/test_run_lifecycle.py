@@ -112,9 +112,12 @@ def test_every_manifest_record_hashes_and_bad_writes_are_flagged(rig: Rig) -> No
     bad = rig.launch([*TRAIN, "--steps", "100000", "--ckpt-every", "20", "--step-seconds", "0.02",
                       "--non-atomic-save"])
     ckpts = bad.run_dir / "checkpoints"
-    good = wait_until(lambda: sorted(ckpts.glob("*.pt")), 30, "a checkpoint")[0]
+    # A checkpoint custody has recorded whole (written in place, it may still be growing before).
+    first = wait_until(lambda: events(bad.run_dir, "ckpt.saved"), 30, "a recorded checkpoint")[0]
+    good = bad.run_dir / first["data"]["path"]
+    size = int(first["data"]["size"])
     torn = ckpts / "torn.pt"
-    torn.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    torn.write_bytes(good.read_bytes()[: size // 2])
     suspect = wait_until(lambda: [e for e in events(bad.run_dir, "ckpt.suspect")
                                   if e["data"]["path"].endswith("torn.pt")], 30, "the torn file")
     assert suspect[0]["data"]["code"] == "bad_structure"
