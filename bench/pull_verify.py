@@ -17,23 +17,17 @@ Prints a table and writes bench/results/pull_verify.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tests.sshbox import SshBox  # noqa: E402
+from boxrig import BoxRig, write_results
 
-RESULTS = REPO / "bench" / "results"
 JOB = """
 import json, os, sys, time
 n, mib = int(sys.argv[1]), int(sys.argv[2])
@@ -61,14 +55,6 @@ while not os.path.exists(os.path.join(os.environ["RGT_RUN_DIR"], "stop")):
 """
 
 
-def stored(home: Path, run: str, kind: str) -> int:
-    os.environ["RGT_HOME"] = str(home)
-    from controller.store import Store
-
-    with Store.open() as store:
-        return len(store.events(run, kind_prefix=kind))
-
-
 def timed(argv: List[str], env: Dict[str, str]) -> float:
     t = time.monotonic()
     subprocess.run(argv, env=env, check=True, capture_output=True, timeout=1800)
@@ -80,30 +66,13 @@ def main() -> int:
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--mib", type=int, default=256, help="size of each checkpoint")
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    root = Path(tempfile.mkdtemp(prefix="rgtbench-", dir="/tmp"))
-    box = SshBox(root).start()
-    home = root / "rgt-home"
-    env = {**os.environ, "RGT_HOME": str(home), "RGT_SSH_CONFIG": str(box.config_file),
-           "PYTHONPATH": str(REPO)}
-    rgt = [sys.executable, "-m", "controller.cli"]
-    run_dir = None
-    run = ""
-    try:
-        subprocess.run([*rgt, "hosts", "add", "box", "--ssh", box.alias, "--onbox",
-                        f"{sys.executable} -m onbox.cli"], env=env, check=True, capture_output=True)
-        out = subprocess.run(
-            [*rgt, "launch", "box", "--root", str(box.home / "runs"), "--json",
-             "--onbox-arg=--no-preflight", "--onbox-arg=--sidecar-linger=0s",
-             "--onbox-arg=--serve-arg=--no-kmsg", "--onbox-arg=--min-free=0",
-             "--", sys.executable, "-c", JOB, str(args.files), str(args.mib)],
-            env=env, check=True, capture_output=True, text=True)
-        launched = json.loads(out.stdout.strip().splitlines()[-1])
-        run, run_dir = launched["run_id"], Path(launched["run_dir"])
+    with BoxRig() as rig:
+        env = rig.env
+        rgt = rig.rgt
+        run, run_dir = rig.launch(sys.executable, "-c", JOB, str(args.files), str(args.mib))
         print(f"writing {args.files} x {args.mib} MiB of random checkpoints on the box ...", flush=True)
-        deadline = time.monotonic() + 900
-        while stored(home, run, "ckpt.saved") < args.files and time.monotonic() < deadline:
-            time.sleep(0.5)
+        rig.wait_stored(run, "ckpt.saved", args.files, timeout_s=900)
+        root, box = rig.root, rig.box
         files = sorted((run_dir / "checkpoints").glob("*.safetensors"))
         total = sum(f.stat().st_size for f in files)
 
@@ -136,22 +105,8 @@ def main() -> int:
         print(f"{'sha256sum':<34}{t_sha:>9.2f}{report['sha256sum_mb_s']:>9.0f}")
         print(f"pull ratio {report['pull_ratio']} (target <= 1.1); verify ratio {report['verify_ratio']} "
               f"(sha256sum / rgt, target >= 1.0); {mb:.0f} MB, {os.cpu_count()} cores")
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "pull_verify.json").write_text(json.dumps(report, indent=1) + "\n")
+        write_results("pull_verify", report)
         return 0
-    finally:
-        if run_dir is not None:
-            (run_dir / "stop").write_text("")
-            deadline = time.monotonic() + 30
-            while run and not stored(home, run, "sidecar.stopping") and time.monotonic() < deadline:
-                time.sleep(0.1)
-        from controller import watcher  # stop what this bench started, by pid
-
-        os.environ["RGT_HOME"] = str(home)
-        for lock in (home / "watchers").glob("*.lock") if (home / "watchers").exists() else []:
-            watcher.stop_watcher(lock.stem)
-        box.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -17,35 +17,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shlex
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tests.sshbox import SshBox  # noqa: E402
+from boxrig import BoxRig, write_results
 
-RESULTS = REPO / "bench" / "results"
 WAIT_JOB = "import os, time\nwhile not os.path.exists(os.environ['RGT_RUN_DIR'] + '/stop'): time.sleep(0.2)\n"
-
-
-def stored(home: Path, run: str, kind: str) -> int:
-    """How many events of `kind` the controller has stored so far."""
-    os.environ["RGT_HOME"] = str(home)
-    from controller.store import Store
-
-    with Store.open() as store:
-        return len(store.events(run, kind_prefix=kind))
 
 
 def pct(values: List[float], q: float) -> float:
@@ -59,32 +44,14 @@ def main() -> int:
     ap.add_argument("--poll-period", type=float, default=90.0)
     ap.add_argument("--settle", type=float, default=0.5, help="seconds between starting a watch and the NaN")
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on SIGTERM too
-    root = Path(tempfile.mkdtemp(prefix="rgtbench-", dir="/tmp"))
-    box = SshBox(root).start()
-    home = root / "rgt-home"
-    env = {**os.environ, "RGT_HOME": str(home), "RGT_SSH_CONFIG": str(box.config_file),
-           "PYTHONPATH": str(REPO)}
-    rgt = [sys.executable, "-m", "controller.cli"]
-
-    def call(*a: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*rgt, *a], env=env, capture_output=True, text=True, check=check, timeout=120)
-
-    run_dir = None
-    run = ""
-    try:
-        call("hosts", "add", "box", "--ssh", box.alias, "--onbox", f"{sys.executable} -m onbox.cli")
-        out = call("launch", "box", "--root", str(box.home / "runs"), "--json",
-                   "--onbox-arg=--no-preflight", "--onbox-arg=--sidecar-linger=0s",
-                   "--onbox-arg=--serve-arg=--no-kmsg", "--", sys.executable, "-c", WAIT_JOB)
-        launched = json.loads(out.stdout.strip().splitlines()[-1])
-        run, run_dir = launched["run_id"], Path(launched["run_dir"])
-        call("policy", run, "--flap-window", "0")
+    with BoxRig() as rig:
+        run, run_dir = rig.launch(sys.executable, "-c", WAIT_JOB)
+        rig.call("policy", run, "--flap-window", "0")
         metrics = run_dir / "metrics.jsonl"
         latencies: List[float] = []
         codes: List[int] = []
         for i in range(args.trials):
-            watch = subprocess.Popen([*rgt, "watch", run, "--timeout", "60", "--json"], env=env,
+            watch = subprocess.Popen([*rig.rgt, "watch", run, "--timeout", "60", "--json"], env=rig.env,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             time.sleep(args.settle)  # a benchmark, not a test: let the watch start polling
             step = 10 * (2 * i + 1)
@@ -97,13 +64,11 @@ def main() -> int:
             with open(metrics, "a") as f:  # clear it (3 finite values in a row), so the next NaN is new
                 for k in range(1, 4):
                     f.write(json.dumps({"step": step + k, "loss": 0.5}) + "\n")
-            deadline = time.monotonic() + 30
-            while stored(home, run, "train.nonfinite") < 2 * (i + 1) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            rig.wait_stored(run, "train.nonfinite", 2 * (i + 1))
         polls: List[float] = []
         for _ in range(5):
             t = time.monotonic()
-            subprocess.run(["ssh", "-F", str(box.config_file), "-o", "ControlPath=none", box.alias,
+            subprocess.run(["ssh", "-F", str(rig.box.config_file), "-o", "ControlPath=none", rig.box.alias,
                             f"tail -n 1 {shlex.quote(str(metrics))}"],
                            capture_output=True, check=True, timeout=30)
             polls.append(time.monotonic() - t)
@@ -125,21 +90,8 @@ def main() -> int:
         print(f"{'90 s ssh poll loop':<28}{report['poll_p50_s']:>9.1f}s{report['poll_p99_s']:>9.1f}s")
         print(f"ratio (poll / watch): p50 {report['ratio_p50']}x, p99 {report['ratio_p99']}x; "
               f"exit codes {report['exit_codes']}; target p99 <= 1 s")
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "wake_latency.json").write_text(json.dumps(report, indent=1) + "\n")
+        write_results("wake_latency", report)
         return 0 if report["exit_codes"] == [10] else 1
-    finally:
-        if run_dir is not None:
-            (run_dir / "stop").write_text("")
-            deadline = time.monotonic() + 30  # let the job and its sidecar end before the box goes
-            while not stored(home, run, "sidecar.stopping") and time.monotonic() < deadline:
-                time.sleep(0.1)
-        from controller import watcher  # stop what this bench started, by pid
-        os.environ["RGT_HOME"] = str(home)
-        for lock in (home / "watchers").glob("*.lock") if (home / "watchers").exists() else []:
-            watcher.stop_watcher(lock.stem)
-        box.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,95 @@
+"""What the SSH benchmarks share: a throw-away sshd box, `rgt` against it, and a clean end.
+
+    with BoxRig() as rig:
+        run, run_dir = rig.launch(sys.executable, "-c", JOB)
+        ...
+The job must end once `<run_dir>/stop` exists; at the end the rig writes it, waits for the
+sidecar's stop to reach the store, stops the watchers it started (by pid) and the sshd.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import List, Optional, Tuple, Type
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.sshbox import SshBox  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+
+
+class BoxRig:
+    def __init__(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up on SIGTERM too
+        self.root = Path(tempfile.mkdtemp(prefix="rgtbench-", dir="/tmp"))
+        self.box = SshBox(self.root)
+        self.home = self.root / "rgt-home"
+        self.env = {**os.environ, "RGT_HOME": str(self.home), "PYTHONPATH": str(REPO)}
+        self.rgt = [sys.executable, "-m", "controller.cli"]
+        self.runs: List[Tuple[str, Path]] = []
+
+    def __enter__(self) -> BoxRig:
+        self.box.start()
+        self.env["RGT_SSH_CONFIG"] = str(self.box.config_file)
+        self.call("hosts", "add", "box", "--ssh", self.box.alias, "--onbox", f"{sys.executable} -m onbox.cli")
+        return self
+
+    def call(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*self.rgt, *args], env=self.env, capture_output=True, text=True, check=True,
+                              timeout=1800)
+
+    def launch(self, *command: str, onbox_args: Tuple[str, ...] = ()) -> Tuple[str, Path]:
+        out = self.call("launch", "box", "--root", str(self.box.home / "runs"), "--json",
+                        "--onbox-arg=--no-preflight", "--onbox-arg=--sidecar-linger=0s",
+                        "--onbox-arg=--serve-arg=--no-kmsg", *onbox_args, "--", *command)
+        answer = json.loads(out.stdout.strip().splitlines()[-1])
+        self.runs.append((answer["run_id"], Path(answer["run_dir"])))
+        return self.runs[-1]
+
+    def stored(self, run: str, kind: str) -> int:
+        """How many events of `kind` the controller has stored so far."""
+        os.environ["RGT_HOME"] = str(self.home)
+        from controller.store import Store
+
+        with Store.open() as store:
+            return len(store.events(run, kind_prefix=kind))
+
+    def wait_stored(self, run: str, kind: str, count: int = 1, timeout_s: float = 30) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self.stored(run, kind) < count:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)  # polling another process's database
+        return True
+
+    def __exit__(self, kind: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
+        from controller import watcher
+
+        try:
+            for run, run_dir in self.runs:
+                (run_dir / "stop").write_text("")
+                self.wait_stored(run, "sidecar.stopping")  # let the job end before the box goes
+            os.environ["RGT_HOME"] = str(self.home)
+            for run, _ in self.runs:
+                watcher.stop_watcher(run)
+        finally:
+            self.box.close()
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def write_results(name: str, report: object) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    return path
