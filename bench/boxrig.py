@@ -80,12 +80,29 @@ class BoxRig:
             for run, run_dir in self.runs:
                 (run_dir / "stop").write_text("")
                 self.wait_stored(run, "sidecar.stopping")  # let the job end before the box goes
+                _wait_gone(run_dir)
             os.environ["RGT_HOME"] = str(self.home)
             for run, _ in self.runs:
                 watcher.stop_watcher(run)
         finally:
             self.box.close()
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _wait_gone(run_dir: Path, timeout_s: float = 15.0) -> None:
+    """Until no process names run_dir on its command line (the supervisor, the sidecar)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        busy = False
+        for proc in psutil.process_iter(["cmdline"]):
+            if str(run_dir) in " ".join(proc.info["cmdline"] or []):
+                busy = True
+                break
+        if not busy:
+            return
+        time.sleep(0.1)
 
 
 def write_results(name: str, report: object) -> Path:

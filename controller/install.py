@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import re
 import shlex
@@ -43,6 +42,7 @@ from protocol import PACKAGE_VERSION
 from controller import boxprobe, build, paths
 from controller.ssh import LocalShell, Shell, Ssh, ssh_config_file
 from controller.store import HostNotFound, Store
+from controller.verify_identity import hash_file
 from controller.wheels import (
     Requirement,
     Resolution,
@@ -172,11 +172,7 @@ def _tail(data: bytes, lines: int = 4) -> str:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return hash_file(path)[1]
 
 
 def _human(n: int) -> str:

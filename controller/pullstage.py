@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
 from protocol.pull import FILENAME
+
+from controller.verify_identity import hash_file
 
 STAGING_SUFFIX = ".partial"
 MARKER = ".rgt-staging.json"
@@ -46,11 +47,7 @@ class Entry:
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(4 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return hash_file(path)[1]
 
 
 def _files_under(root: Path) -> Iterator[Tuple[str, Path]]:
