@@ -250,7 +250,7 @@ def test_a_span_beyond_the_file_names_the_tensor(run: Path, no_seam: None) -> No
 
 def test_a_hung_loader_is_killed_at_the_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = make_run(tmp_path, with_pt=True)
-    hang = [sys.executable, "-c", "import time; time.sleep(120)"]
+    hang = [sys.executable, "-c", "import threading; threading.Event().wait()"]  # a loader that never ends
     monkeypatch.setattr(verify_load, "seam_command", lambda *a: hang)
     report = verify(run, load_timeout_s=0.5)
     assert one_failure(report, f"{PT_FILE[0]}: safe_load: timed out after 0.5s: the loader was killed")
