@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from controller import install
+from controller import install, status, wake
 from controller.install import LOCAL, InstallError, check_version, host_record, onbox_command
 from controller.output import error_tail, last_json_object
 from controller.ssh import LocalShell, Ssh, SshError
@@ -96,18 +96,17 @@ def stop(store: Store, run: str, grace: str = "30s") -> Dict[str, Any]:
     return {**answer, "run": info["run"], "host": host, "exit": out.returncode}
 
 
-def run_state(store: Store, run: str) -> Dict[str, Any]:
-    """What the store knows of a run's life: running, exited (code) or stopped, and the last event."""
+def run_state(store: Store, run: str, now: float) -> Dict[str, Any]:
+    """What the store knows of a run's life, cheaply (for `rgt runs`): running, finished or failed
+    (the same verdict as `rgt watch`), the last event's time and the link state of `rgt status`."""
     exited = store.events(run, kind_prefix="job.exited")
     last = store.events(run, since=max(0, store.cursor(run) - 1))
     state: Dict[str, Any] = {"state": "running" if store.cursor(run) else "starting"}
     if exited:
         data = exited[-1].data
-        ok = data.get("code") == 0 and data.get("final_ok") is not False
-        state = {"state": "finished" if ok else "failed", "code": data.get("code"),
-                 "signal": data.get("signal"), "oom_killed": data.get("oom_killed")}
+        state = {"state": "finished" if wake.finished_cleanly(exited[-1]) else "failed",
+                 "code": data.get("code"), "signal": data.get("signal"), "oom_killed": data.get("oom_killed")}
     if last:
         state["last_event_ts"] = last[-1].ts
-    links = store.local_events(run, kind_prefix="link.")
-    state["link"] = "down" if links and links[-1].kind == "link.lost" else ("up" if links else "unknown")
+    state["link"] = status.link_state(store.local_events(run), now)["state"]
     return state

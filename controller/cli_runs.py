@@ -197,7 +197,7 @@ def runs_command(as_json: bool) -> None:
             run = str(r["run"])
             rows.append({"run": run, "host": r["target"] or r["host"], "run_dir": r["run_dir"],
                          "last_seq": r["last_seq"], "watcher_pid": running_pid(run),
-                         **boxes.run_state(store, run)})
+                         **boxes.run_state(store, run, time.time())})
     if as_json:
         emit_json({"runs": rows})
         return

@@ -118,7 +118,8 @@ def _read(store: Store, run: str, now: float) -> Tuple[_Reader, List[LocalEvent]
     return reader, local
 
 
-def _link(local: Sequence[LocalEvent], now: float) -> Dict[str, Any]:
+def link_state(local: Sequence[LocalEvent], now: float) -> Dict[str, Any]:
+    """up / down / silent / unknown from the controller's own link events, with since when."""
     state, since = "unknown", None
     for ev in local:
         if ev.kind == "link.lost":
@@ -261,7 +262,7 @@ def summarize(store: Store, run: str, ref: Optional[str] = None,
     info = store.run(run)
     run_id = str(info["run"])
     reader, local = _read(store, run_id, now)
-    link = _link(local, now)
+    link = link_state(local, now)
     state, reason = _state(reader, link)
     progress = _progress(reader, info.get("meta") or {}, now)
     gpus, gpu_health = _gpus(reader, now)

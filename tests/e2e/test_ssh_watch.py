@@ -63,6 +63,7 @@ def test_watch_wakes_on_a_nan_within_two_seconds_then_reports_a_clean_finish(rgt
     go.write_text("")  # the job ends with exit 0, but it went NaN: not a clean finish
     code, record, _ = watch(rgt, run, "--timeout", "60")
     assert code == 10 and record["event"]["kind"] == "job.exited", record
+    assert json.loads(rgt("runs", "--json").stdout)["runs"][0]["state"] == "failed"
     assert record["event"]["data"]["final_ok"] is False and "non-finite" in json.dumps(record["event"])
 
 
@@ -73,6 +74,8 @@ def test_watch_exits_0_on_a_clean_finish(rgt_box: Rgt) -> None:
     code, record, _ = watch(rgt, run, "--timeout", "60")
     assert code == 0, record
     assert record["event"]["kind"] == "job.exited" and record["event"]["data"]["code"] == 0
+    runs = {r["run"]: r for r in json.loads(rgt("runs", "--json").stdout)["runs"]}
+    assert runs[run]["state"] == "finished" and runs[run]["host"] == "box" and runs[run]["code"] == 0
 
 
 def test_watch_exits_4_when_the_box_stays_unreachable_past_the_budget(rgt_box: Rgt, sshbox: SshBox) -> None:
