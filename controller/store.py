@@ -1,4 +1,4 @@
-"""The controller's SQLite store: runs, events, cursors and gaps.
+"""The controller's SQLite store: runs, events, cursors and gaps; hosts, its own events, wakes.
 
 One database file (controller.paths.db_path()) in WAL mode, so one process
 can write (the subscriber) while others read (`rgt events --follow`,
@@ -43,39 +43,26 @@ import protocol
 
 from controller import paths
 from controller.schema import MIGRATIONS, SCHEMA_VERSION, Migration
+from controller.storeerrors import (
+    AmbiguousRun,
+    HostNotFound,
+    RunNotFound,
+    SchemaTooNew,
+    StoreBusy,
+    StoreCorrupt,
+    StoreError,
+    translate,
+)
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "Migration", "Store", "StoreError"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "AmbiguousRun", "HostNotFound", "LocalEvent", "Migration",
+           "RunNotFound", "SchemaTooNew", "Store", "StoreBusy", "StoreCorrupt", "StoreError"]
 
 log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_S = 5.0
 _LISTED_RUNS = 8  # how many candidates an error message names
 
-# ---- errors ---------------------------------------------------------------
-
-
-class StoreError(Exception):
-    """Anything the store cannot do. `hint` is a next step for a person, or None."""
-
-    def __init__(self, message: str, hint: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.hint = hint
-
-
-class SchemaTooNew(StoreError):
-    """The database was written by a newer rgt than this one."""
-
-
-class StoreBusy(StoreError):
-    """Another connection held the write lock past the busy timeout."""
-
-
-class StoreCorrupt(StoreError):
-    """The file is not an SQLite database, or SQLite found it damaged."""
-
-
-class HostNotFound(StoreError):
-    """No host of that name (`rgt hosts add` records them)."""
+# ---- records ---------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,47 +77,6 @@ class LocalEvent:
     data: Dict[str, Any]
 
 
-class RunNotFound(StoreError):
-    """No run has that id or starts with that prefix. `candidates`: known runs, newest first."""
-
-    def __init__(self, message: str, hint: Optional[str], candidates: Sequence[str]) -> None:
-        super().__init__(message, hint)
-        self.candidates = list(candidates)
-
-
-class AmbiguousRun(StoreError):
-    """A prefix matches more than one run. `candidates`: the matches, sorted."""
-
-    def __init__(self, message: str, hint: Optional[str], candidates: Sequence[str]) -> None:
-        super().__init__(message, hint)
-        self.candidates = list(candidates)
-
-
-def _translate(e: sqlite3.Error, path: Path) -> StoreError:
-    """A StoreError that says what went wrong with which file."""
-    name = str(getattr(e, "sqlite_errorname", ""))
-    text = str(e)
-    low = text.lower()
-    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in low:
-        return StoreBusy(
-            f"the store {path} stayed locked for over {BUSY_TIMEOUT_S:g} s ({text})",
-            hint="another rgt process is writing to it; try again",
-        )
-    if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")) or "not a database" in low \
-            or "malformed" in low:
-        return StoreCorrupt(
-            f"{path} is not a usable rgt database ({text})",
-            hint="move the file aside; rgt starts a new database at that path",
-        )
-    if name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM")) \
-            or "readonly" in low or "unable to open" in low:
-        return StoreError(
-            f"cannot use the store {path} ({text})",
-            hint="check the permissions of the file and its directory, or set RGT_HOME",
-        )
-    return StoreError(f"store {path}: {text}")
-
-
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -142,7 +88,7 @@ def _sql(fn: Callable[Concatenate[Store, _P], _R]) -> Callable[Concatenate[Store
         try:
             return fn(self, *args, **kwargs)
         except sqlite3.Error as e:
-            raise _translate(e, self.path) from e
+            raise translate(e, self.path, BUSY_TIMEOUT_S) from e
 
     functools.update_wrapper(wrapper, fn)
     return wrapper
@@ -364,7 +310,7 @@ class Store:
         try:
             conn = _connect(path)
         except sqlite3.Error as e:
-            raise _translate(e, path) from e
+            raise translate(e, path, BUSY_TIMEOUT_S) from e
         return cls(conn, path, clock)
 
     def close(self) -> None:
