@@ -2,8 +2,9 @@
 
     launch(LaunchOptions(command=[...], ...)) -> LaunchResult
 
-In order: work out the run (id, project, `<root>/<project>/active/<run-id>`; a bare `--run-id` that
-exists under another project is that run), refuse when the disk cannot hold it (free space below
+In order (the gates live in onbox/launchgates.py): work out the run (id, project,
+`<root>/<project>/active/<run-id>`; a bare `--run-id` that exists under another project is that
+run), refuse when the disk cannot hold it (free space below
 `ckpt_copies` x the newest checkpoint's size plus `min_free_bytes`, and too few free inodes), run the
 pre-flight health check (a FAIL refuses; the report goes to rgt/preflight.json), take the run's
 launch lock, refuse while the run's job still runs (recorded pid AND start time), retire the previous
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import io
 import json
 import os
 import re
@@ -38,14 +38,27 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import profiles
 from protocol import PACKAGE_VERSION
 
 from onbox import manifest
-from onbox.errors import OnboxError
 from onbox.launchenv import apply_profile
+from onbox.launchgates import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    Health,
+    LaunchError,
+    LaunchRefused,
+    LaunchUsageError,
+    Stat,
+    check_disk,
+    newest_checkpoint,
+    run_preflight,
+)
 from onbox.redact import contains_secret, is_secret_name, redact_argv, redact_text, secret_values
 from onbox.runs import (
     SAFE_ID,
@@ -54,10 +67,6 @@ from onbox.runs import (
     RunPaths,
     default_root,
     end_process,
-    human_bytes,
-    nearest_existing,
-    newest_checkpoint_in,
-    newest_checkpoint_of,
     read_json,
     utc_iso,
     wait_for,
@@ -66,38 +75,14 @@ from onbox.runs import (
 )
 from onbox.secrets import maskable, read_secrets
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 RESERVED_ENV = ("RGT_RUN_ID", "RGT_RUN_DIR", "RGT_CKPT_DIR", "RGT_METRICS", "RGT_RESUME_FROM",
                 "RGT_DURABLE_DIR")
-MIN_FREE_INODES = 1024
 START_TIMEOUT_S = 15.0
 RETIRE_TIMEOUT_S = 15.0
 # Per-attempt records that move to rgt/attempts/<n>/ when a run is launched again.
 ATTEMPT_FILES = ("exit.json", "stop.json", "job.json", "job.pid", "preflight.json", "supervisor.json",
                  "supervisor.pid", "job.announced", "job.exit_reported")
 
-Health = Callable[..., int]
-Stat = Callable[[str], Any]
-
-
-class LaunchError(OnboxError):
-    """The launch failed; `hint` says what to do. `exit_code` is what the CLI returns."""
-
-    exit_code = EXIT_FAILED
-
-    def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.hint = hint
-
-
-class LaunchUsageError(LaunchError):
-    exit_code = EXIT_USAGE
-
-
-class LaunchRefused(LaunchError):
-    """A gate said no: disk budget, pre-flight FAIL, the run still running, a launch in progress."""
-
-    exit_code = EXIT_REFUSED
 
 
 @dataclasses.dataclass
@@ -237,84 +222,6 @@ def _plan(opts: LaunchOptions, environ: Mapping[str, str]) -> _Plan:
                  durable_dir=Path(opts.durable_dir).expanduser().resolve() if opts.durable_dir else None,
                  env_set=env_set, secrets=found_secrets, existing=paths.run_dir.exists(),
                  secret_env=secret_env, notes=notes)
-
-
-# ---- the disk budget gate -----------------------------------------------------------------------
-
-
-def newest_checkpoint(plan: _Plan, siblings: int = 20) -> Optional[Tuple[Path, int]]:
-    """This run's newest checkpoint, else the newest of the project's most recent runs that has one."""
-    if plan.existing:
-        found = newest_checkpoint_of(plan.paths.run_dir, plan.ckpt_dir)
-    else:
-        found = newest_checkpoint_in(plan.ckpt_dir)
-    if found is not None:
-        return found
-    active = plan.paths.run_dir.parent
-    try:
-        others = sorted((p for p in active.iterdir() if p.is_dir() and p != plan.paths.run_dir),
-                        key=lambda p: p.stat().st_mtime, reverse=True)[:siblings]
-    except OSError:
-        return None
-    for other in others:
-        found = newest_checkpoint_of(other)
-        if found is not None:
-            return found
-    return None
-
-
-def check_disk(plan: _Plan, copies: float, margin: int, stat: Stat = os.statvfs) -> str:
-    """Raise LaunchRefused when the disk cannot hold the run; returns a one-line summary."""
-    ckpt = newest_checkpoint(plan)
-    ckpt_bytes = ckpt[1] if ckpt else 0
-    need = int(copies * ckpt_bytes) + margin
-    where = nearest_existing(plan.ckpt_dir)
-    st = stat(str(where))
-    free = int(st.f_bavail) * int(st.f_frsize)
-    basis = (f"{copies:g} x {human_bytes(ckpt_bytes)} (newest checkpoint {ckpt[0]}) + "
-             f"{human_bytes(margin)} margin" if ckpt else f"{human_bytes(margin)} margin (no checkpoint yet)")
-    hint = "free space (df -h), or set --min-free / --ckpt-copies if you know the run needs less"
-    if free < need:
-        raise LaunchRefused(f"not enough disk at {where}: {human_bytes(free)} free, need {human_bytes(need)} "
-                            f"= {basis}", hint)
-    if int(st.f_files) > 0 and int(st.f_favail) < MIN_FREE_INODES:
-        raise LaunchRefused(f"out of inodes at {where}: {int(st.f_favail)} free (df -i)",
-                            "delete small files (caches, old logs) on that filesystem")
-    run_fs = nearest_existing(plan.paths.run_dir)
-    if os.stat(run_fs).st_dev != os.stat(where).st_dev:
-        st2 = stat(str(run_fs))
-        free2 = int(st2.f_bavail) * int(st2.f_frsize)
-        if free2 < margin:
-            raise LaunchRefused(f"not enough disk at {run_fs}: {human_bytes(free2)} free, need "
-                                f"{human_bytes(margin)} for logs and the journal", hint)
-    return f"{human_bytes(free)} free at {where}, need {human_bytes(need)}"
-
-
-# ---- the pre-flight -----------------------------------------------------------------------------
-
-
-def run_preflight(plan: _Plan, opts: LaunchOptions, health: Optional[Health]) -> Dict[str, Any]:
-    """The health report (dict); raises LaunchRefused on FAIL, saving the report when the run exists."""
-    if health is None:
-        from onbox.health import run_health
-        health = run_health
-    buf = io.StringIO()
-    try:
-        health(None, opts.preflight_s, True, nearest_existing(plan.paths.run_dir), buf, gpu=opts.probe)
-    except OnboxError as e:  # an unknown probe spec
-        raise LaunchUsageError(f"pre-flight: {e}") from e
-    try:
-        report = json.loads(buf.getvalue())
-    except ValueError as e:
-        raise LaunchError(f"the pre-flight check printed no report: {e}") from e
-    if report.get("result") == "FAIL":
-        if plan.paths.rgt.is_dir():
-            write_json_atomic(plan.paths.preflight_json, report)
-        failed = [f"{c.get('check')}{'' if c.get('gpu') is None else ' GPU ' + str(c.get('gpu'))}: "
-                  f"{c.get('detail')}" for c in report.get("checks", []) if c.get("status") == "FAIL"]
-        raise LaunchRefused("pre-flight FAIL: " + "; ".join(failed),
-                            "`rgt-onbox health` shows the whole report; --no-preflight launches anyway")
-    return dict(report)
 
 
 # ---- the run directory --------------------------------------------------------------------------
@@ -524,10 +431,10 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
     except profiles.ProfileError as e:
         raise LaunchUsageError(str(e), "name one of the profiles in profiles/") from e
     display = redact_argv(opts.command, plan.secrets)
-    check_disk(plan, opts.ckpt_copies, opts.min_free_bytes, stat)
+    check_disk(plan.paths.run_dir, plan.ckpt_dir, plan.existing, opts.ckpt_copies, opts.min_free_bytes, stat)
     if plan.existing and plan.paths.rgt.is_dir():
         _refuse_if_running(plan.paths)  # early, before the pre-flight's seconds; checked again locked
-    report = run_preflight(plan, opts, health) if opts.preflight else None
+    report = run_preflight(plan.paths, opts.preflight_s, opts.probe, health) if opts.preflight else None
     plan.paths.rgt.mkdir(parents=True, exist_ok=True)
     lock_fd = _take_lock(plan.paths)
     try:
