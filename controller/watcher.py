@@ -49,6 +49,7 @@ SUPERVISE_S = 0.5            # how often the link is checked
 SILENT_INTERVALS = 3         # heartbeats missed before sidecar.silent
 DEFAULT_HEARTBEAT_S = 30.0   # until the first heartbeat says otherwise
 EXIT_QUIET_S = 30.0          # after job.exited, stop once nothing new came for this long
+FULL_CHECK_S = 10.0          # how often `ssh -O check` confirms what /proc says of the master
 STARTUP_GRACE_S = 10.0       # a link never up yet (sidecar starting) is not "lost" before this
 LINK_NOTE = "only the transport is known to be down; this says nothing about the job"
 
@@ -187,9 +188,12 @@ class SshLink:
         self.local_pub = short_socket_path(sock_dir, f"{run}.pub")
         self.local_ctl = short_socket_path(sock_dir, f"{run}.ctl")
         self._remote: Optional[Endpoints] = None
+        self._pid = 0
+        self._checked = 0.0
 
     def connect(self) -> Endpoints:
-        self.ssh.start_master()
+        self._pid = self.ssh.start_master()
+        self._checked = time.monotonic()
         out = self.ssh.run(f"cat {shlex.quote(self.run_dir + '/rgt/endpoints.json')}", timeout_s=20)
         try:
             obj = json.loads(out.stdout)
@@ -206,7 +210,16 @@ class SshLink:
         return Endpoints(pub=f"ipc://{self.local_pub}", ctl=f"ipc://{self.local_ctl}")
 
     def alive(self) -> bool:
-        return self.ssh.master_pid() is not None
+        """Whether the master still runs. This is asked every SUPERVISE_S, so it looks at the
+        master's process in /proc, and asks ssh itself (`-O check`, a process spawn) only every
+        FULL_CHECK_S or where /proc cannot tell."""
+        quick = process_alive(self._pid) if self._pid else None
+        if quick is False:
+            return False
+        if quick is None or time.monotonic() - self._checked >= FULL_CHECK_S:
+            self._checked = time.monotonic()
+            return self.ssh.master_pid() is not None
+        return True
 
     def close(self) -> None:
         """Drop this run's forwards. The shared master ends itself once idle (ssh.MASTER_IDLE_S)."""
@@ -221,6 +234,19 @@ class SshLink:
                 sock.unlink()
             except FileNotFoundError:
                 pass
+
+
+def process_alive(pid: int) -> Optional[bool]:
+    """Whether pid runs (a zombie does not count); None where /proc cannot say (not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False if os.path.isdir("/proc/self") else None
+    except OSError:
+        return None
+    state = stat[stat.rfind(b")") + 2:][:1]
+    return state not in (b"Z", b"X", b"")
 
 
 def make_link(store: Store, run: Dict[str, Any]) -> Link:
