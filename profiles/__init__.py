@@ -48,6 +48,7 @@ _ACTION: Dict[str, Any] = {
     "still_bills": str,
     "reversible": bool,
     "command": str,
+    "box_command": str,
     "credentials_env": "names",
     "console": "lines",
     "verified": str,
@@ -74,7 +75,17 @@ _SCHEMA: Dict[str, Any] = {
         "notes": "lines",
     },
     "actions": _Each(_ACTION),
+    "deadman": {
+        "action": str,
+        "why": str,
+        "allow": "names",
+        "instance_id_env": str,
+        "verified": str,
+        "source": str,
+    },
 }
+# The dead-man's default when a profile names none: tell people, touch nothing.
+NOTIFY = "notify"
 
 
 class ProfileError(ValueError):
@@ -122,6 +133,22 @@ class Action:
     credentials_env: Tuple[str, ...] = ()
     console: Tuple[str, ...] = ()
     source: str = ""                    # where the facts come from, in short
+    box_command: Optional[str] = None   # the same action run on the box itself (the dead-man's way)
+
+
+@dataclasses.dataclass(frozen=True)
+class Deadman:
+    """What the box's dead-man does when its lease expires and nothing on the box makes progress.
+
+    `action` is NOTIFY or an action with a `box_command` that deletes nothing and can be undone;
+    `allow` names further box actions a person may pre-authorize per box (never the default)."""
+
+    action: str = NOTIFY
+    why: str = ""
+    allow: Tuple[str, ...] = ()
+    instance_id_env: Optional[str] = None  # the box's variable that holds its instance id
+    verified: str = ""
+    source: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +160,7 @@ class Profile:
     surface: Surface = dataclasses.field(default_factory=Surface)
     actions: Mapping[str, Action] = dataclasses.field(default_factory=dict)
     meter_stop_action: Optional[str] = None  # the action that really stops the meter
+    deadman: Deadman = dataclasses.field(default_factory=Deadman)
 
 
 def directory(environ: Optional[Mapping[str, str]] = None) -> Path:
@@ -177,7 +205,37 @@ def load(name: str, where: Optional[Path] = None) -> Profile:
         raise ProfileError(f"{path}:{_line_of(text, 'meter_stop_action')}: meter_stop_action = "
                            f"{meter_stop_action!r} names no [actions.{meter_stop_action}] table")
     return Profile(name=doc["name"], kind=doc["kind"], scripts=scripts, path=path, surface=surface,
-                   actions=actions, meter_stop_action=meter_stop_action)
+                   actions=actions, meter_stop_action=meter_stop_action,
+                   deadman=_deadman(doc.get("deadman"), actions, path, text))
+
+
+def _deadman(d: Optional[Mapping[str, Any]], actions: Mapping[str, Action], path: Path, text: str) -> Deadman:
+    """The checked [deadman] table: its default never deletes anything and can always be undone."""
+    if d is None:
+        return Deadman()
+    if not _VERIFIED.match(d.get("verified", "")):
+        line = _line_of(text, "verified", "deadman") or _line_of(text, "deadman")
+        raise ProfileError(f"{path}:{line}: [deadman] needs verified = \"YYYY-MM\" (a real month), "
+                           f"not {d.get('verified')!r}")
+    action = d.get("action", NOTIFY)
+    for name in (action, *d.get("allow", ())):
+        if name == NOTIFY:
+            continue
+        where = f"{path}:{_line_of(text, 'action' if name == action else 'allow', 'deadman')}"
+        if name not in actions or actions[name].box_command is None:
+            raise ProfileError(f"{where}: [deadman] names {name!r}, which is not an [actions.<name>] "
+                               "with a box_command")
+    chosen = actions.get(action)
+    if chosen is not None and (chosen.deletes != "nothing" or not chosen.reversible):
+        raise ProfileError(f"{path}:{_line_of(text, 'action', 'deadman')}: [deadman] action = {action!r} "
+                           f"deletes {chosen.deletes!r} or cannot be undone: the dead-man's default must "
+                           f"be {NOTIFY!r} or a reversible action that deletes nothing (put it in allow)")
+    env = d.get("instance_id_env")
+    if env is not None and not _ENV_NAME.match(env):
+        raise ProfileError(f"{path}:{_line_of(text, 'instance_id_env', 'deadman')}: "
+                           "[deadman] instance_id_env must be an environment variable name")
+    return Deadman(action=action, why=d.get("why", ""), allow=tuple(d.get("allow", ())),
+                   instance_id_env=env, verified=d["verified"], source=d.get("source", ""))
 
 
 def _action(name: str, a: Mapping[str, Any], path: Path, text: str) -> Action:
@@ -192,19 +250,22 @@ def _action(name: str, a: Mapping[str, Any], path: Path, text: str) -> Action:
         raise ProfileError(f"{path}:{_line_of(text, 'verified', table)}: '{table}.verified' must be "
                            f"\"YYYY-MM\" (a real month), not {a['verified']!r}")
     command = a.get("command")
+    if "box_command" in a:
+        _check_command(a["box_command"], f"{path}:{_line_of(text, 'box_command', table)}", table,
+                       "box_command")
     if command is not None:
         _check_command(command, f"{path}:{_line_of(text, 'command', table)}", table)
     elif "credentials_env" in a:
         raise ProfileError(f"{head}: [{table}] names credentials_env but has no command")
-    if command is None and not a.get("console"):
-        raise ProfileError(f"{head}: [{table}] needs a command or console steps")
+    if command is None and not a.get("console") and "box_command" not in a:
+        raise ProfileError(f"{head}: [{table}] needs a command, a box_command or console steps")
     return Action(name=name, stops_meter=a["stops_meter"], deletes=a["deletes"], reversible=a["reversible"],
                   verified=a["verified"], still_bills=a.get("still_bills", ""), command=command,
                   credentials_env=tuple(a.get("credentials_env", ())), console=tuple(a.get("console", ())),
-                  source=a.get("source", ""))
+                  source=a.get("source", ""), box_command=a.get("box_command"))
 
 
-def _check_command(command: str, where: str, table: str) -> None:
+def _check_command(command: str, where: str, table: str, key: str = "command") -> None:
     """A template: splits like a shell line, names only PLACEHOLDERS, and carries no secret-looking
     expansion (nothing runs it through a shell, so `$VAR` would reach the program as text)."""
     try:
@@ -212,14 +273,14 @@ def _check_command(command: str, where: str, table: str) -> None:
         fields = [f for word in words for _, f, spec, conv in string.Formatter().parse(word)
                   if f is not None and (f not in PLACEHOLDERS or spec or conv)]
     except ValueError as e:
-        raise ProfileError(f"{where}: '{table}.command' is not a usable template: {e}") from None
+        raise ProfileError(f"{where}: '{table}.{key}' is not a usable template: {e}") from None
     if not words:
-        raise ProfileError(f"{where}: '{table}.command' is empty")
+        raise ProfileError(f"{where}: '{table}.{key}' is empty")
     if fields:
-        raise ProfileError(f"{where}: '{table}.command' may name only "
+        raise ProfileError(f"{where}: '{table}.{key}' may name only "
                            f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)}, not {{{fields[0]}}}")
     if "$" in command or "`" in command:
-        raise ProfileError(f"{where}: '{table}.command' must not expand variables: credentials come "
+        raise ProfileError(f"{where}: '{table}.{key}' must not expand variables: credentials come "
                            "only from the environment variables named in credentials_env")
 
 

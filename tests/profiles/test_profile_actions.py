@@ -47,7 +47,7 @@ def test_an_action_table_loads_with_its_facts(tmp_path: Path) -> None:
     (HEAD + STOP.replace("reversible = true", 'reversible = "yes"'),
      "x.toml:7: 'actions.stop.reversible' must be a bool"),
     (HEAD + STOP.replace('console = ["Click stop."]\n', ""),
-     "[actions.stop] needs a command or console steps"),
+     "[actions.stop] needs a command, a box_command or console steps"),
     (HEAD + STOP.replace('console = ["Click stop."]', 'command = "p stop {api_key}"'),
      "x.toml:8: 'actions.stop.command' may name only {instance_id}, {host}, {run_id}, not {api_key}"),
     (HEAD + STOP.replace('console = ["Click stop."]', 'command = "p stop --key $KEY"'),
