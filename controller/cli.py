@@ -16,7 +16,20 @@ from typing import Callable, Optional, Sequence
 import click
 import protocol
 
-from controller import cli_box, cli_pull, cli_runs, cli_verify, cli_watch, render
+from controller import (
+    cli_box,
+    cli_compare,
+    cli_deadman,
+    cli_explain,
+    cli_profile,
+    cli_pull,
+    cli_reconcile,
+    cli_rehearse,
+    cli_runs,
+    cli_verify,
+    cli_watch,
+    render,
+)
 from controller.attach import AttachError, attach
 from controller.clibase import (
     JSON_OPTION,
@@ -130,6 +143,12 @@ main.add_command(cli_box.secret_group)
 main.add_command(cli_verify.verify_command)
 main.add_command(cli_pull.pull_command)
 main.add_command(cli_pull.teardown_command)
+main.add_command(cli_profile.profile_group)
+main.add_command(cli_deadman.deadman_group)
+main.add_command(cli_rehearse.rehearse_command)
+main.add_command(cli_explain.explain_command)
+main.add_command(cli_reconcile.reconcile_command)
+main.add_command(cli_compare.compare_command)
 
 
 if __name__ == "__main__":

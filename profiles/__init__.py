@@ -140,8 +140,10 @@ class Action:
 class Deadman:
     """What the box's dead-man does when its lease expires and nothing on the box makes progress.
 
-    `action` is NOTIFY or an action with a `box_command` that deletes nothing and can be undone;
-    `allow` names further box actions a person may pre-authorize per box (never the default)."""
+    `action` is NOTIFY or a reversible action with a `box_command` (a stop that wipes a scratch
+    disk is reversible: the dead-man itself refuses it while a run keeps files on a storage tier
+    that does not survive a stop); `allow` names further box actions a person may pre-authorize
+    per box, never the default."""
 
     action: str = NOTIFY
     why: str = ""
@@ -226,10 +228,10 @@ def _deadman(d: Optional[Mapping[str, Any]], actions: Mapping[str, Action], path
             raise ProfileError(f"{where}: [deadman] names {name!r}, which is not an [actions.<name>] "
                                "with a box_command")
     chosen = actions.get(action)
-    if chosen is not None and (chosen.deletes != "nothing" or not chosen.reversible):
+    if chosen is not None and not chosen.reversible:
         raise ProfileError(f"{path}:{_line_of(text, 'action', 'deadman')}: [deadman] action = {action!r} "
-                           f"deletes {chosen.deletes!r} or cannot be undone: the dead-man's default must "
-                           f"be {NOTIFY!r} or a reversible action that deletes nothing (put it in allow)")
+                           f"cannot be undone (it deletes {chosen.deletes!r}): the dead-man's default must "
+                           f"be {NOTIFY!r} or a reversible action (name destructive ones in allow)")
     env = d.get("instance_id_env")
     if env is not None and not _ENV_NAME.match(env):
         raise ProfileError(f"{path}:{_line_of(text, 'instance_id_env', 'deadman')}: "
