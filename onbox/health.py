@@ -344,7 +344,9 @@ def collect(gpu_index: Optional[int], seconds: float, run_dir: Optional[Path],
     probe = probe if probe is not None else make_probe(gpu)
     cap = init_probe(probe, gpu)
     checks: List[Check] = []
+    names: List[Optional[str]] = []
     if cap.available and probe is not None:
+        names = [d.name for d in probe.devices()]  # read once at init: the model, for `rgt compare`
         checks += _gpu_section(probe, gpu_index, seconds, kmsg_path, pace, interval_s, round_timeout_s)
     else:
         if probe is not None:
@@ -358,7 +360,7 @@ def collect(gpu_index: Optional[int], seconds: float, run_dir: Optional[Path],
     return {
         "result": result, "exit_code": EXIT_FAIL if result == FAIL else EXIT_OK, "seconds": seconds,
         "gpu": {"available": cap.available, "reason": cap.reason, "driver_version": cap.driver_version,
-                "devices": cap.device_count},
+                "devices": cap.device_count, "names": names},
         "checks": [c.to_dict() for c in checks],
     }
 

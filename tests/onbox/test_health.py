@@ -59,6 +59,7 @@ def test_healthy_box_passes_but_warns_about_vram_already_held(tmp_path: Path) ->
     assert set(statuses(report, "foreign_vram").values()) == {"WARN"}
     assert statuses(report, "xid") == {None: "PASS"}
     assert "throttle         0-7" in table  # alike GPUs share a row
+    assert report["gpu"]["names"] == ["NVIDIA H100 80GB HBM3"] * 8  # the model, for `rgt compare`
 
 
 @pytest.mark.parametrize("scenario,check,gpu", [
