@@ -35,7 +35,8 @@ def test_a_reversible_box_action_may_be_the_default_a_destructive_one_only_allow
 
 
 @pytest.mark.parametrize("deadman, needle", [
-    ('action = "terminate"\nverified = "2026-06"\n', "cannot be undone (it deletes 'the instance and its disks')"),
+    ('action = "terminate"\nverified = "2026-06"\n',
+     "cannot be undone (it deletes 'the instance and its disks')"),
     ('action = "reboot"\nverified = "2026-06"\n', "names 'reboot', which is not an [actions.<name>]"),
     ('action = "notify"\nallow = ["reboot"]\nverified = "2026-06"\n', "names 'reboot'"),
     ('action = "stop"\n', "[deadman] needs verified"),
