@@ -1,0 +1,110 @@
+"""`rgt rehearse` for real: scripts/train_tiny.py on CPU torch, under the real launcher and sidecar.
+
+It passes every stage on the well-behaved script, fails at "resume" when the script ignores
+RGT_RESUME_FROM, and with --steps stops the job with SIGTERM. Every run must leave no process behind
+and never touch RGT_HOME.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import psutil
+import pytest
+
+from tests.helpers import REPO, rgt_cmd, wait_until
+
+pytestmark = pytest.mark.e2e
+
+TRAIN = [sys.executable, str(REPO / "scripts" / "train_tiny.py"), "--ckpt-every", "20", "--log-every", "5",
+         "--step-seconds", "0.05"]
+RUN_S = 120  # a bound on one rehearsal subprocess; never a sleep
+
+
+def rehearse(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RGT_HOME": str(tmp_path / "state")}
+    return subprocess.run(rgt_cmd("rehearse", "--json", "--tmp-dir", str(tmp_path), *args), cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=RUN_S, check=False)
+
+
+def stages(doc: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    return {s["name"]: s for s in doc["stages"]}
+
+
+def leftovers(tmp_path: Path) -> List[str]:
+    """Processes still running whose command line names this test's directory."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info.get("cmdline") or [])
+        if str(tmp_path) in cmdline:
+            found.append(f"{proc.info['pid']}: {cmdline[:200]}")
+    return found
+
+
+def test_the_tiny_script_passes_every_stage(tmp_path: Path) -> None:
+    done = rehearse(tmp_path, "--", *TRAIN, "--steps", "60")
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["result"] == "pass" and doc["failed_stage"] is None, doc
+    by_name = stages(doc)
+    assert [s["name"] for s in doc["stages"]] == ["launch", "metrics seen", "checkpoint committed", "resume",
+                                                "safe load", "clean exit"]
+    assert all(s["status"] == "pass" for s in doc["stages"]), doc["stages"]
+    assert "resumed from checkpoints/step0000" in by_name["resume"]["detail"]
+    assert "3 checkpoints hash" in by_name["safe load"]["detail"]
+    # progress went to stderr as each stage completed; the private root is gone after a pass
+    assert "rehearse: resume: pass" in done.stderr
+    assert not doc["kept"] and not Path(doc["root"]).exists()
+    assert not (tmp_path / "state").exists()  # the controller's store was never opened
+    assert leftovers(tmp_path) == []
+
+
+def test_a_script_that_ignores_the_resume_checkpoint_fails_at_resume(tmp_path: Path) -> None:
+    done = rehearse(tmp_path, "--", *TRAIN, "--steps", "60", "--ignore-resume")
+    assert done.returncode == 1, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["result"] == "fail" and doc["failed_stage"] == "resume"
+    by_name = stages(doc)
+    assert "under the checkpoint's step 20" in by_name["resume"]["detail"]
+    assert by_name["clean exit"]["status"] == "skipped"
+    assert by_name["safe load"]["status"] == "pass"  # what was recorded is still proven
+    # the run directory stays for a look, with the relaunch's record of what it handed over
+    run_dir = Path(doc["run_dir"])
+    assert doc["kept"] and (run_dir / "train.log").exists()
+    assert json.loads((run_dir / "run.json").read_text())["resume_from"].endswith("step000020.pt")
+    assert leftovers(tmp_path) == []
+
+
+def test_steps_stops_a_long_job_with_sigterm(tmp_path: Path) -> None:
+    done = rehearse(tmp_path, "--steps", "40", "--grace", "10s", "--", *TRAIN, "--steps", "100000")
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    detail = stages(doc)["clean exit"]["detail"]
+    assert doc["result"] == "pass" and "(--steps) by SIGTERM: ended with signal 15" in detail, doc
+    assert leftovers(tmp_path) == []
+
+
+def test_sigterm_ends_the_rehearsal_and_everything_it_started(tmp_path: Path) -> None:
+    env = {**os.environ, "RGT_HOME": str(tmp_path / "state")}
+    argv = rgt_cmd("rehearse", "--json", "--tmp-dir", str(tmp_path), "--", *TRAIN, "--steps", "100000")
+    with subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            metrics = "rgt-rehearse-*/*/active/*/metrics.jsonl"
+            wait_until(lambda: any(p.stat().st_size for p in tmp_path.glob(metrics)), 60, "the first metrics")
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=RUN_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 1, out + err
+    doc = json.loads(out)
+    failed = stages(doc)[doc["failed_stage"]]
+    assert failed["detail"] == "interrupted" and "interrupted (Ctrl-C or SIGTERM)" in doc["notes"]
+    assert doc["kept"] and leftovers(tmp_path) == []
