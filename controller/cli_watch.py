@@ -8,6 +8,7 @@ always parse why it woke.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from pathlib import Path
@@ -18,7 +19,9 @@ import protocol
 
 from controller import status as status_mod
 from controller import wake
+from controller.catalog import CatalogError
 from controller.clibase import CliError, RgtCommand, emit_json, sigterm_as_interrupt
+from controller.explain import entry_for_event
 from controller.plot import PlotError, plot
 from controller.render import printable
 from controller.store import AmbiguousRun, RunNotFound, Store
@@ -76,6 +79,21 @@ def _overrides(min_sev: Optional[str], add: Sequence[str], mute: Sequence[str],
     return wake.check_layer(layer)
 
 
+def with_entry(record: Dict[str, Any]) -> Dict[str, Any]:
+    """The record plus "entry" (the id of the catalog entry that best explains its event) and
+    "see" (`rgt explain <id>`); unchanged when it has no event or no entry fits."""
+    event = record.get("event")
+    if not isinstance(event, dict) or not isinstance(event.get("kind"), str):
+        return record
+    data = event.get("data")
+    try:
+        entry = entry_for_event(event["kind"], data if isinstance(data, dict) else {})
+    except CatalogError as e:  # a broken catalog must not cost the one JSON line
+        log.warning("no catalog entry for %s: %s", event["kind"], e)
+        return record
+    return {**record, "entry": entry, "see": f"rgt explain {entry}"} if entry else record
+
+
 def _sentence(result: WatchResult) -> str:
     r = result.record
     if result.exit_code == 3:
@@ -84,7 +102,8 @@ def _sentence(result: WatchResult) -> str:
     if "explain" in r:
         head = {0: "finished", 4: "link down", 10: "woke"}.get(result.exit_code, "ended")
         head += " (reported before)" if r.get("already_reported") else ""
-        return f"{head}: {r['explain']} (run {r['run']}). next: {r['next']}"
+        why = f"; why: {r['see']}" if r.get("see") else ""
+        return f"{head}: {r['explain']} (run {r['run']}). next: {r['next']}{why}"
     return str(r.get("status", ""))
 
 
@@ -102,7 +121,9 @@ Exit codes:
     2  usage error
 
 Exactly one JSON line goes to stdout at the end: {"exit", "run", "event",
-"explain", "next", "woke_at"} for 10/0/4, {"exit", "runs", "status"} for 3.
+"explain", "next", "entry", "see", "woke_at"} for 10/0/4 ("entry" names the
+catalog entry that explains the event; "see" is `rgt explain <entry>`),
+{"exit", "runs", "status"} for 3.
 An event that ended one watch never ends the next, and a flapping condition
 wakes once per flap window. Without --from-now, events stored earlier that
 woke nobody yet are judged first.
@@ -149,6 +170,7 @@ def watch_command(runs: Sequence[str], all_runs: bool, timeout: str, as_json: bo
         except KeyboardInterrupt:
             emit_json({"exit": 1, "error": "interrupted"})
             raise click.Abort() from None
+    result = dataclasses.replace(result, record=with_entry(result.record))
     emit_json(result.record)
     if not as_json:
         click.echo(printable(_sentence(result)), err=True)

@@ -1,0 +1,264 @@
+"""The symptom catalog: controller/data/catalog.toml loaded once and checked.
+
+Each entry names a problem (title), how people describe it (symptoms), what our events and the box
+show (signals), the root cause and the fix, and the event kinds it belongs to. `rgt explain` ranks
+entries (controller.explain); `rgt watch` attaches the best entry's id to a material event.
+
+Validation is strict so that a typo in the data fails the tests, not a person at 3 a.m.: unknown
+keys are refused, every message names the entry id and the key, kinds must be ones the protocol (or
+the controller) knows, `see` must point at entries that exist, and every kind that more than one
+entry lists needs a `[defaults]` line naming the entry an event of that kind gets when no `when`
+condition picks a more specific one.
+
+Nothing is read at import time; `default_catalog()` parses the packaged file on first use.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.resources
+import re
+import sys
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+from protocol import kinds as protocol_kinds
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the controller runs on 3.10 only with tomli
+    import tomli as tomllib
+
+SCHEMA_VERSIONS = (1,)
+# Kinds the catalog may name beyond protocol's registry: the dead-man's life, written by the box's
+# dead-man and the controller (the registry gains them as they are built).
+EXTRA_KINDS = ("deadman.armed", "deadman.renewed", "deadman.expiring", "deadman.firing", "deadman.fired",
+               "deadman.disarmed", "deadman.held")
+TOP_KEYS = ("schema", "verified", "defaults", "entry")
+REQUIRED_KEYS = ("id", "title", "kinds", "symptoms", "signals", "cause", "fix")
+OPTIONAL_KEYS = ("see", "xids", "when")
+_ID = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+_VERIFIED = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+
+Scalar = Union[str, int, float, bool]
+Wanted = Union[Scalar, Tuple[Scalar, ...]]
+
+
+class CatalogError(ValueError):
+    """The catalog is not valid TOML or breaks its schema; the message names the entry and key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One problem. `when` maps an event kind to the data that makes this entry its best one."""
+
+    id: str
+    title: str
+    kinds: Tuple[str, ...]
+    symptoms: Tuple[str, ...]
+    signals: Tuple[str, ...]
+    cause: str
+    fix: Tuple[str, ...]
+    see: Tuple[str, ...] = ()
+    xids: Tuple[int, ...] = ()
+    when: Mapping[str, Mapping[str, Wanted]] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"id": self.id, "title": self.title, "kinds": list(self.kinds),
+                "symptoms": list(self.symptoms), "signals": list(self.signals), "cause": self.cause,
+                "fix": list(self.fix), "see": list(self.see), "xids": list(self.xids),
+                "when": {k: {f: list(v) if isinstance(v, tuple) else v for f, v in c.items()}
+                         for k, c in self.when.items()}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Catalog:
+    """The validated entries in file order, with lookups by id and by kind."""
+
+    schema: int
+    verified: str
+    entries: Tuple[Entry, ...]
+    defaults: Mapping[str, str]
+
+    @functools.cached_property
+    def by_id(self) -> Dict[str, Entry]:
+        return {e.id: e for e in self.entries}
+
+    def get(self, entry_id: str) -> Optional[Entry]:
+        return self.by_id.get(entry_id)
+
+    def for_kind(self, kind: str) -> List[Entry]:
+        """Entries that list `kind`, in file order."""
+        return [e for e in self.entries if kind in e.kinds]
+
+    def default_for(self, kind: str) -> Optional[Entry]:
+        """The entry an event of `kind` gets when no `when` condition picks another."""
+        if kind in self.defaults:
+            return self.by_id[self.defaults[kind]]
+        listed = self.for_kind(kind)
+        return listed[0] if len(listed) == 1 else None
+
+    def kinds(self) -> List[str]:
+        """Every kind some entry lists, sorted."""
+        return sorted({k for e in self.entries for k in e.kinds})
+
+
+def known_kinds() -> Tuple[str, ...]:
+    return tuple(sorted(set(protocol_kinds.all_kinds()) | set(EXTRA_KINDS)))
+
+
+def _fail(where: str, what: str) -> CatalogError:
+    return CatalogError(f"catalog: {where}: {what}")
+
+
+def _text(raw: Mapping[str, Any], key: str, where: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(where, f"{key!r} must be a non-empty string")
+    return value.strip()
+
+
+def _texts(raw: Mapping[str, Any], key: str, where: str, allow_empty: bool = False) -> Tuple[str, ...]:
+    value = raw.get(key, [] if key in OPTIONAL_KEYS else None)
+    if not isinstance(value, list) or (not value and not allow_empty):
+        raise _fail(where, f"{key!r} must be a {'' if allow_empty else 'non-empty '}list of strings")
+    for item in value:
+        if not isinstance(item, str) or not item.strip():
+            raise _fail(where, f"{key!r} holds {item!r}, not a non-empty string")
+    return tuple(item.strip() for item in value)
+
+
+def _wanted(value: Any, where: str) -> Wanted:
+    if isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, (str, int, float, bool)) for v in value):
+        return tuple(value)
+    raise _fail(where, f"{value!r} must be a string, number, boolean or a non-empty list of them")
+
+
+def _when(raw: Any, kinds: Tuple[str, ...], where: str) -> Dict[str, Dict[str, Wanted]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise _fail(where, "'when' must be a table of kind = { field = value }")
+    out: Dict[str, Dict[str, Wanted]] = {}
+    for kind, conds in raw.items():
+        if kind not in kinds:
+            raise _fail(where, f"'when' names {kind!r}, which is not in this entry's kinds")
+        if not isinstance(conds, dict) or not conds:
+            raise _fail(where, f"'when.{kind}' must be a non-empty table of field = value")
+        out[kind] = {str(f): _wanted(v, f"{where}: when.{kind}.{f}") for f, v in conds.items()}
+    return out
+
+
+def _xids(raw: Any, kinds: Tuple[str, ...], where: str) -> Tuple[int, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                         and x > 0 for x in raw):
+        raise _fail(where, "'xids' must be a non-empty list of positive Xid codes")
+    if "gpu.xid" not in kinds:
+        raise _fail(where, "'xids' needs gpu.xid in kinds")
+    return tuple(raw)
+
+
+def parse_entry(raw: Any, index: int, known: Tuple[str, ...]) -> Entry:
+    """One [[entry]] table checked; CatalogError naming the entry (id, or its position) and key."""
+    if not isinstance(raw, dict):
+        raise _fail(f"entry #{index + 1}", "must be a table")
+    where = f"entry {raw.get('id')!r}" if isinstance(raw.get("id"), str) else f"entry #{index + 1}"
+    unknown = sorted(set(raw) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
+    if unknown:
+        raise _fail(where, f"unknown key(s) {', '.join(map(repr, unknown))} "
+                           f"(known: {', '.join(REQUIRED_KEYS + OPTIONAL_KEYS)})")
+    missing = [k for k in REQUIRED_KEYS if k not in raw]
+    if missing:
+        raise _fail(where, f"missing key(s) {', '.join(map(repr, missing))}")
+    entry_id = _text(raw, "id", where)
+    if not _ID.match(entry_id):
+        raise _fail(where, "'id' must be kebab-case: lowercase letters, digits and single dashes")
+    kinds = _texts(raw, "kinds", where, allow_empty=True)
+    for kind in kinds:
+        if kind not in known:
+            raise _fail(where, f"kind {kind!r} is not a known event kind")
+    return Entry(id=entry_id, title=_text(raw, "title", where), kinds=kinds,
+                 symptoms=_texts(raw, "symptoms", where), signals=_texts(raw, "signals", where),
+                 cause=" ".join(_text(raw, "cause", where).split()), fix=_texts(raw, "fix", where),
+                 see=_texts(raw, "see", where, allow_empty=True), xids=_xids(raw.get("xids"), kinds, where),
+                 when=_when(raw.get("when"), kinds, where))
+
+
+def _defaults(raw: Any, by_id: Mapping[str, Entry], entries: Tuple[Entry, ...]) -> Dict[str, str]:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise _fail("defaults", "must be a table of kind = entry id")
+    for kind, entry_id in raw.items():
+        entry = by_id.get(entry_id) if isinstance(entry_id, str) else None
+        if entry is None:
+            raise _fail(f"defaults.{kind}", f"{entry_id!r} is not an entry id")
+        if kind not in entry.kinds:
+            raise _fail(f"defaults.{kind}", f"entry {entry_id!r} does not list {kind!r} in its kinds")
+    listed: Dict[str, int] = {}
+    for e in entries:
+        for kind in e.kinds:
+            listed[kind] = listed.get(kind, 0) + 1
+    ambiguous = sorted(k for k, n in listed.items() if n > 1 and k not in raw)
+    if ambiguous:
+        raise _fail("defaults", f"kinds listed by several entries need a default: {', '.join(ambiguous)}")
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+def parse(text: str, source: str = "catalog.toml") -> Catalog:
+    """Parse and validate catalog TOML; CatalogError with a clear message if anything is off."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise CatalogError(f"catalog: {source} is not valid TOML: {e}") from e
+    unknown = sorted(set(doc) - set(TOP_KEYS))
+    if unknown:
+        raise _fail(source, f"unknown top-level key(s) {', '.join(map(repr, unknown))} "
+                            f"(known: {', '.join(TOP_KEYS)})")
+    if doc.get("schema") not in SCHEMA_VERSIONS:
+        raise _fail("schema", f"{doc.get('schema')!r} is not supported (supported: {SCHEMA_VERSIONS})")
+    verified = doc.get("verified")
+    if not isinstance(verified, str) or not _VERIFIED.match(verified):
+        raise _fail("verified", "must be a YYYY-MM month")
+    raw_entries = doc.get("entry")
+    if not isinstance(raw_entries, list) or not raw_entries:
+        raise _fail(source, "needs at least one [[entry]]")
+    known = known_kinds()
+    entries = tuple(parse_entry(raw, i, known) for i, raw in enumerate(raw_entries))
+    by_id: Dict[str, Entry] = {}
+    for entry in entries:
+        if entry.id in by_id:
+            raise _fail(f"entry {entry.id!r}", "the id is used twice")
+        by_id[entry.id] = entry
+    for entry in entries:
+        for other in entry.see:
+            if other not in by_id or other == entry.id:
+                raise _fail(f"entry {entry.id!r}", f"'see' names {other!r}, which is not another entry")
+    return Catalog(schema=int(doc["schema"]), verified=verified, entries=entries,
+                   defaults=_defaults(doc.get("defaults"), by_id, entries))
+
+
+def _read_packaged() -> str:
+    try:
+        found = importlib.resources.files("controller.data").joinpath("catalog.toml")
+        return found.read_text(encoding="utf-8")
+    except (OSError, ModuleNotFoundError) as e:
+        raise CatalogError(f"catalog: cannot read controller/data/catalog.toml: {e}") from e
+
+
+@functools.lru_cache(maxsize=1)
+def default_catalog() -> Catalog:
+    """The catalog shipped in the package, parsed once per process."""
+    return parse(_read_packaged())
+
+
+def load(text: Optional[str] = None) -> Catalog:
+    """`text` parsed and checked; without it, the packaged catalog (cached)."""
+    return default_catalog() if text is None else parse(text)
+
+
+__all__ = ["Catalog", "CatalogError", "EXTRA_KINDS", "Entry", "default_catalog", "known_kinds", "load",
+           "parse", "parse_entry"]
