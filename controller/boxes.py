@@ -64,6 +64,8 @@ def launch(store: Store, host: str, command: Sequence[str], *, run_id: Optional[
                         ("--root", root or (str(record["root"]) if record.get("root") else None))):
         if value:
             args += [flag, value]
+    if host == LOCAL and not any(a.startswith("--deadman") for a in onbox_args):
+        args += ["--deadman", "off"]  # nothing bills on this machine: no dead-man to arm here
     args += list(onbox_args)
     line = f"{onbox} {shlex.join(args)} -- {shlex.join(list(command))}"
     try:

@@ -245,7 +245,7 @@ class Rehearsal:
     def launch_args(self) -> List[str]:
         """`rgt-onbox launch` for this rehearsal: the first launch and the relaunch alike."""
         return ["launch", "--root", str(self.root), "--project", PROJECT, "--run-id", RUN_ID,
-                "--no-preflight", "--probe", "none", "--no-secrets",
+                "--no-preflight", "--probe", "none", "--no-secrets", "--deadman", "off",
                 "--stall-floor", f"{self.opts.stall_floor_s:g}",
                 "--stall-grace", f"{max(self.opts.stall_floor_s, self.opts.timeout_s):g}",
                 "--sidecar-linger", f"{LINGER_S:g}s", "--serve-arg=--no-kmsg", "--json",

@@ -27,6 +27,8 @@ from protocol import (
     Hello,
     HelloReply,
     ProtocolError,
+    Renew,
+    RenewReply,
     Since,
     SinceReply,
     decode_event,
@@ -62,12 +64,13 @@ class SubscriberStats:
     bad_frames: int = 0
     resends: int = 0
     gaps: int = 0
+    renewals: int = 0     # dead-man lease renewals the sidecar confirmed
 
 
 class Subscriber:
     def __init__(self, store: Store, endpoints: Endpoints, *, curve: Optional[CurveClient] = None,
                  request_timeout_s: float = 2.0, resync_s: float = 5.0, page: int = 1000,
-                 on_events: Optional[EventsHook] = None,
+                 on_events: Optional[EventsHook] = None, renew_every_s: Optional[float] = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.link = Link(endpoints, curve)
@@ -84,6 +87,11 @@ class Subscriber:
         self.stats = SubscriberStats()
         self._pending: Optional[_Pending] = None
         self._last_activity = 0.0
+        # The box's dead-man lease is renewed while someone follows the run (None: never).
+        self.renew_every_s = renew_every_s
+        self._next_renew = 0.0
+        self._pending_op = ""
+        self.lease: Optional[RenewReply] = None
 
     # ---- loop -------------------------------------------------------------
 
@@ -109,6 +117,8 @@ class Subscriber:
         wake = self._last_activity + self.resync_s
         if self._pending is not None:
             wake = min(wake, self._pending.deadline)
+        elif self._renew_due(now):
+            wake = now
         return max(1, min(200, int((wake - now) * 1000)))
 
     def _timers(self) -> None:
@@ -117,9 +127,14 @@ class Subscriber:
             if now >= self._pending.deadline:
                 self.stats.resends += 1
                 self._request(self._pending.op)
+        elif self._renew_due(now):
+            self._request("renew")
         elif now - self._last_activity >= self.resync_s:
             # A quiet link may have lost the tail; a probe costs one round trip.
             self._request("hello" if self.run is None else "since")
+
+    def _renew_due(self, now: float) -> bool:
+        return self.renew_every_s is not None and self.run is not None and now >= self._next_renew
 
     # ---- requests ---------------------------------------------------------
 
@@ -127,6 +142,12 @@ class Subscriber:
         rid = uuid.uuid4().hex[:12]
         if op == "hello" or self.run is None:
             op, frames = "hello", encode_request(Hello(id=rid, client=f"rgt {PACKAGE_VERSION}"))
+        elif op == "renew":
+            assert self.renew_every_s is not None
+            # Due again after one interval whatever the answer: a lost reply costs one renewal, and
+            # a resend waits for the request timeout like any other.
+            self._next_renew = self._mono() + self.renew_every_s
+            frames = encode_request(Renew(id=rid))
         else:
             self.stats.since_requests += 1
             frames = encode_request(Since(id=rid, seq=self.cursor, limit=self.page))
@@ -149,15 +170,26 @@ class Subscriber:
             if isinstance(reply, ErrorReply) and reply.code == "version":
                 raise SubscriberError(f"the sidecar refused us: {reply.message}")
             return  # an answer to a request we already gave up on
+        self._pending_op = self._pending.op
         self._pending = None
         self._last_activity = self._mono()
         if isinstance(reply, HelloReply):
             self._on_hello(reply)
         elif isinstance(reply, SinceReply):
             self._on_since(reply)
+        elif isinstance(reply, RenewReply):
+            self.stats.renewals += 1
+            self.lease = reply
+            log.debug("dead-man lease: %s, armed %s, expires at %.0f", reply.state, reply.armed,
+                      reply.expires_at)
         elif isinstance(reply, ErrorReply):  # (a manifest reply: never asked for here)
             if reply.code == "version":
                 raise SubscriberError(f"the sidecar refused us: {reply.message}")
+            if self.renew_every_s is not None and self._pending_op == "renew":
+                # An older sidecar, or a box without a lease file it can write: stop asking.
+                log.info("the sidecar does not renew the dead-man lease (%s): %s", reply.code, reply.message)
+                self.renew_every_s = None
+                return
             log.warning("sidecar error reply %s: %s", reply.code, reply.message)
 
     def _on_hello(self, reply: HelloReply) -> None:

@@ -52,6 +52,16 @@ EXIT_QUIET_S = 30.0          # after job.exited, stop once nothing new came for 
 FULL_CHECK_S = 10.0          # how often `ssh -O check` confirms what /proc says of the master
 STARTUP_GRACE_S = 10.0       # a link never up yet (sidecar starting) is not "lost" before this
 LINK_NOTE = "only the transport is known to be down; this says nothing about the job"
+RENEW_EVERY_S = 300.0        # the box's dead-man lease is renewed this often while a run is watched
+
+
+def renew_every_s() -> float:
+    """$RGT_DEADMAN_RENEW_S (tests make it short), else RENEW_EVERY_S."""
+    try:
+        value = float(os.environ.get("RGT_DEADMAN_RENEW_S", "") or RENEW_EVERY_S)
+    except ValueError:
+        return RENEW_EVERY_S
+    return value if value > 0 else RENEW_EVERY_S
 
 
 # ---- files and the one-per-run lock -------------------------------------------
@@ -319,7 +329,8 @@ class Watcher:
             while not self.stop.is_set():
                 endpoints = self._supervise(store)
                 if endpoints is not None and sub is None:
-                    sub = Subscriber(sub_store, endpoints, on_events=self.on_events)
+                    sub = Subscriber(sub_store, endpoints, on_events=self.on_events,
+                                     renew_every_s=renew_every_s())
                     thread = threading.Thread(target=self._follow, args=(sub, failure),
                                               name=f"subscriber-{self.run}", daemon=True)
                     thread.start()

@@ -203,6 +203,13 @@ _root_option = click.option(
               help="Free disk needed, in sizes of the newest checkpoint.")
 @click.option("--sidecar-linger", default="5m", show_default=True,
               help="Keep the sidecar serving this long after the job's exit is reported.")
+@click.option("--deadman", "deadman_ttl", default="2h", show_default=True, metavar="TTL|off",
+              envvar="RGT_DEADMAN", show_envvar=True,
+              help="Arm the box's dead-man lease for TTL (the controller renews it); off leaves it be.")
+@click.option("--deadman-idle", default="30m", show_default=True,
+              help="The dead-man holds while a run's metrics, train.log or checkpoints changed within this.")
+@click.option("--max-hours", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="A hard budget for the dead-man: act after this many hours whatever the runs do.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object: run_id, run_dir, pid, sidecar_supervisor_pid, ...")
 @click.option("--probe", default="auto", hidden=True, metavar="auto|none|fake:SCENARIO",
@@ -217,7 +224,8 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
            log_regex: Optional[str], stall_floor_s: Optional[float], stall_grace_s: Optional[float],
            expected_steps: Optional[int], expected_seconds: Optional[float],
            stale_after_s: Optional[float], no_preflight: bool, min_free: str, ckpt_copies: float,
-           sidecar_linger: str, as_json: bool, probe: str, preflight_seconds: float,
+           sidecar_linger: str, deadman_ttl: str, deadman_idle: str, max_hours: Optional[float],
+           as_json: bool, probe: str, preflight_seconds: float,
            serve_args: Tuple[str, ...], command: Tuple[str, ...]) -> None:
     """Start COMMAND detached, with its sidecar, and return.
 
@@ -228,6 +236,7 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
     the job in its own session with RGT_RUN_ID, RGT_RUN_DIR, RGT_CKPT_DIR, RGT_METRICS and
     RGT_RESUME_FROM set, plus every secret pushed to this box (`rgt secret push`; names
     recorded, never values). Never put a secret in COMMAND: push it, or export it and pass --env NAME.
+    It also arms the box's dead-man lease (--deadman, default 2h) and starts its daemon.
     Exit 0 launched, 1 failed, 2 bad usage, 3 refused.
     """
     from .launch import LaunchOptions, run_launch
@@ -236,6 +245,10 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
     try:
         min_free_bytes = parse_size(min_free)
         linger_s = parse_duration(sidecar_linger)
+        ttl_s = None if deadman_ttl.strip().lower() == "off" else parse_duration(deadman_ttl)
+        idle_s = parse_duration(deadman_idle)
+        if (ttl_s is not None and ttl_s <= 0) or idle_s <= 0:
+            raise ValueError("--deadman and --deadman-idle take a duration above 0 (or --deadman off)")
     except ValueError as e:
         raise _fail(str(e), code=2) from None
     watch = {"scalars": list(scalars) or None, "log_regex": log_regex, "stall_floor_s": stall_floor_s,
@@ -247,7 +260,8 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
         ckpt_dir=ckpt_dir, metrics=metrics, durable_dir=durable_dir, env=list(env), secrets=not no_secrets,
         preflight=not no_preflight, preflight_s=preflight_seconds, probe=probe,
         min_free_bytes=min_free_bytes, ckpt_copies=ckpt_copies, sidecar_linger_s=linger_s,
-        serve_args=list(serve_args), watch=watch)
+        serve_args=list(serve_args), watch=watch, deadman_ttl_s=ttl_s, deadman_idle_s=idle_s,
+        deadman_max_hours=max_hours)
     code = run_launch(opts, as_json, sys.stdout, sys.stderr)
     if code:
         raise click.exceptions.Exit(code)
@@ -317,7 +331,14 @@ def _add_pull_commands() -> None:
     main.add_command(close_command)
 
 
+def _add_deadman_commands() -> None:
+    from .cli_deadman import deadman_group
+
+    main.add_command(deadman_group)
+
+
 _add_pull_commands()
+_add_deadman_commands()
 
 
 def run() -> None:  # pragma: no cover - console entry

@@ -43,7 +43,8 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import profiles
 from protocol import PACKAGE_VERSION
 
-from onbox import manifest
+from onbox import deadman, deadmand, manifest
+from onbox.fingerprint import write_fingerprint
 from onbox.launchenv import apply_profile
 from onbox.launchgates import (
     EXIT_FAILED,
@@ -107,6 +108,11 @@ class LaunchOptions:
     sidecar_linger_s: float = 300.0
     serve_args: Sequence[str] = ()         # extra `rgt-onbox serve` options (tests: --heartbeat 1)
     watch: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # run.json "watch" (settings.py)
+    # The box's dead-man lease (onbox/deadman.py): armed for this TTL by the launch, None leaves it
+    # as it is (the CLI's default is 2 h; a library caller opts in).
+    deadman_ttl_s: Optional[float] = None
+    deadman_idle_s: float = 30 * 60.0
+    deadman_max_hours: Optional[float] = None
 
 
 @dataclasses.dataclass
@@ -331,6 +337,9 @@ def _run_json(plan: _Plan, opts: LaunchOptions, display: List[str], env: Mapping
         "resume_from": str(resume) if resume else None, "preflight": preflight,
         "profile_applied": plan.profile_record, "secrets": sorted(plan.secret_env),  # names only
         "package_version": PACKAGE_VERSION,
+        # Only the lease settings this launch asked for; the lease itself is ~/.rgt/deadman.json.
+        "deadman": None if opts.deadman_ttl_s is None else {
+            "ttl_s": opts.deadman_ttl_s, "idle_s": opts.deadman_idle_s, "max_hours": opts.deadman_max_hours},
         # What the sidecar watches (onbox/settings.py); a restarted sidecar reads it again.
         "watch": {"metrics": str(plan.metrics), "ckpt_dir": str(plan.ckpt_dir),
                   "durable_dir": str(plan.durable_dir) if plan.durable_dir else None,
@@ -418,6 +427,23 @@ def _start_supervisor(plan: _Plan, opts: LaunchOptions, wrapper_pid: int, enviro
                   "the job runs unwatched"]
 
 
+def _arm_deadman(opts: LaunchOptions, plan: _Plan, environ: Mapping[str, str], python: str) -> List[str]:
+    """Arm the box's dead-man lease for this launch and make sure its daemon runs; a failure is a
+    warning, never a failed launch (the job already runs)."""
+    if opts.deadman_ttl_s is None:
+        return []
+    root = str(plan.paths.run_dir.parent.parent.parent)
+    paths = deadman.paths_for(environ)
+    try:
+        deadman.arm(paths, ttl_s=opts.deadman_ttl_s, idle_s=opts.deadman_idle_s,
+                    max_hours=opts.deadman_max_hours, profile=opts.profile, root=root, by="launch",
+                    now=time.time(), environ=environ)
+    except (OSError, deadman.DeadmanError) as e:
+        return [f"the dead-man lease could not be armed: {e}"]
+    daemon = deadmand.ensure_daemon(paths, environ, python)
+    return [] if daemon["running"] else [f"the dead-man daemon is not running: {daemon['reason']}"]
+
+
 # ---- the whole launch ---------------------------------------------------------------------------
 
 
@@ -449,6 +475,9 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
         argv, profile_notes = _apply_profile(profile, opts, environ, plan, env)
         preflight = str(report.get("result")) if report else "skipped"
         write_atomic(plan.paths.run_json, _run_json(plan, opts, display, env, attempt, resume, preflight))
+        # What `rgt compare` diffs beyond run.json: config files, seeds, packages, the GPU. Never raises.
+        write_fingerprint(plan.paths.run_dir, list(opts.command), plan.cwd, env,
+                          _job_python(opts.command, env))
         spec = {"argv": argv, "cwd": str(plan.cwd), "env": env, "display": shlex.join(display),
                 "run_id": plan.run_id, "attempt": attempt}
         job = _start_job(plan, spec, environ, python)
@@ -457,6 +486,7 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
                              if opts.sidecar else (None, ["no sidecar (asked for)"]))
     finally:
         os.close(lock_fd)
+    warnings += _arm_deadman(opts, plan, environ, python)
     warnings[:0] = plan.notes + _env_warnings(opts.env) + profile_notes
     if display != list(opts.command):
         warnings.insert(0, "the command holds secret-looking values (*** above); the job's command line "

@@ -28,6 +28,8 @@ from protocol import (
     Manifest,
     ManifestReply,
     ProtocolError,
+    Renew,
+    RenewReply,
     SinceReply,
     decode_request,
     encode_reply,
@@ -35,6 +37,7 @@ from protocol import (
 from protocol.codec import PAGE_BYTES, request_id_of
 
 from .custody import CustodyMonitor
+from .deadmanfeed import DeadmanFeed
 from .errors import AlreadyServing, ConfigError
 from .fsutil import write_json_atomic
 from .jobs import FunctionJob, PeriodicJob, Scheduler
@@ -120,6 +123,7 @@ class Sidecar:
                                         gpu_util=self.monitor.recent_gpu_util)
         self.custody = CustodyMonitor(custody_config(self.run_dir, watch), self.emit,
                                       on_commit=self.training.note_checkpoint)
+        self.deadman = DeadmanFeed(self.rgt_dir, self.emit)
 
     # ---- life -------------------------------------------------------------
 
@@ -137,6 +141,7 @@ class Sidecar:
         self.monitor.start()
         self.training.start()
         self.custody.start()
+        self.deadman.start()
         self.emit("sidecar.capability", {**self.monitor.status(), "custody": self.custody.status()})
         self._scheduler = Scheduler(self._jobs(), self._job_failed)
         self._scheduler.start()
@@ -220,6 +225,8 @@ class Sidecar:
                 ))
             if isinstance(req, Manifest):
                 return self._manifest(req)
+            if isinstance(req, Renew):
+                return self._renew(req)
             with self._emit_lock:  # a consistent (events, last_seq) pair
                 events, more = self.journal.read_since(req.seq, req.limit, PAGE_BYTES)
                 last, oldest = self.journal.last_seq, self.journal.oldest_seq
@@ -235,6 +242,16 @@ class Sidecar:
         except Exception as e:  # a request boundary: answer, log, keep serving
             log.exception("control request failed")
             return encode_reply(ErrorReply(id="", code="internal", message=f"{type(e).__name__}: {e}"))
+
+    def _renew(self, req: Renew) -> List[bytes]:
+        """Renew the box's dead-man lease for the controller (it never arms one)."""
+        try:
+            armed, expires_at, ttl_s, state = self.deadman.renew(req.ttl_s)
+        except (OSError, ValueError) as e:
+            log.exception("renew failed")
+            return encode_reply(ErrorReply(id=req.id, code="internal", message=f"renew: {e}"))
+        return encode_reply(RenewReply(id=req.id, armed=armed, expires_at=expires_at, ttl_s=ttl_s,
+                                       state=state))
 
     def _manifest(self, req: Manifest) -> List[bytes]:
         """Build and write rgt/PULL_MANIFEST.json; the reply carries it (or says where it is).
@@ -269,6 +286,7 @@ class Sidecar:
             *self.monitor.jobs(),
             *self.training.jobs(),
             *self.custody.jobs(),
+            *self.deadman.jobs(),
         ]
 
     def _heartbeat(self) -> None:

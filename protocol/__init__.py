@@ -22,6 +22,8 @@ from .control import (
     HelloReply,
     Manifest,
     ManifestReply,
+    Renew,
+    RenewReply,
     Reply,
     Request,
     Since,
@@ -38,7 +40,7 @@ PACKAGE_VERSION = __version__
 __all__ = [
     "MAX_DEPTH", "PACKAGE_VERSION", "MAX_EVENT_BYTES", "MAX_FRAME_BYTES", "MAX_KEYS", "PROTOCOL_VERSION",
     "SEVERITIES", "ErrorReply", "Event", "Hello", "HelloReply", "KindSpec", "Manifest", "ManifestReply",
-    "ProtocolError",
+    "ProtocolError", "Renew", "RenewReply",
     "Reply", "Request", "Since", "SinceReply", "decode_event", "decode_json", "decode_reply",
     "decode_request", "default_sev", "encode_event", "encode_json", "encode_reply",
     "encode_request", "is_telemetry", "severity_rank", "spec",

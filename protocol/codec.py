@@ -24,6 +24,8 @@ from .control import (
     HelloReply,
     Manifest,
     ManifestReply,
+    Renew,
+    RenewReply,
     Reply,
     Request,
     Since,
@@ -46,6 +48,8 @@ MAX_INCLUDES = 64
 MAX_INCLUDE_CHARS = 1024
 # The manifest doc frame: the byte cap bounds it; keys are capped only loosely.
 MAX_DOC_KEYS = MAX_FRAME_BYTES // 4
+# A renew asks for at most this TTL (a week): a longer lease is no dead-man at all.
+MAX_RENEW_TTL_S = 7 * 24 * 3600.0
 
 _NONFINITE = {math.inf: "inf", -math.inf: "-inf"}
 
@@ -198,6 +202,8 @@ def encode_request(req: Request) -> List[bytes]:
         body.update(op="since", seq=req.seq, limit=req.limit)
     elif isinstance(req, Manifest):
         body.update(op="manifest", includes=list(_includes(req.includes)))
+    elif isinstance(req, Renew):
+        body.update(op="renew", ttl_s=_renew_ttl(req.ttl_s))
     else:  # pragma: no cover - a new Request type without a table entry
         raise ProtocolError(f"no encoding for {type(req).__name__}")
     return [encode_json(body)]
@@ -222,7 +228,20 @@ def decode_request(frames: Sequence[bytes]) -> Request:
         return Since(id=req_id, seq=seq, limit=limit)
     if op == "manifest":
         return Manifest(id=req_id, includes=_includes(obj.get("includes", [])))
+    if op == "renew":
+        return Renew(id=req_id, ttl_s=_renew_ttl(obj.get("ttl_s")))
     raise ProtocolError(f"unknown op {op!r}", code="unknown_op")
+
+
+def _renew_ttl(value: Any) -> Any:
+    """None (the lease's own TTL) or a finite number of seconds in (0, MAX_RENEW_TTL_S]."""
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not 0 < value <= MAX_RENEW_TTL_S):
+        raise ProtocolError(f"renew ttl_s must be null or seconds in (0, {MAX_RENEW_TTL_S:g}], "
+                            f"got {value!r:.40}")
+    return float(value)
 
 
 def _includes(value: Any) -> Tuple[str, ...]:
@@ -265,6 +284,10 @@ def encode_reply(reply: Reply, event_frames: Sequence[bytes] = ()) -> List[bytes
         body.update(op="manifest", path=reply.path, sha256=reply.sha256, files=reply.files,
                     total_bytes=reply.total_bytes)
         return [encode_json(body), doc]
+    if isinstance(reply, RenewReply):
+        body.update(op="renew", armed=reply.armed, expires_at=reply.expires_at, ttl_s=reply.ttl_s,
+                    state=reply.state)
+        return [encode_json(body)]
     if isinstance(reply, ErrorReply):
         body.update(op="error", code=reply.code, message=reply.message[:2000])
         return [encode_json(body)]
@@ -306,7 +329,16 @@ def decode_reply(frames: Sequence[bytes]) -> Reply:
         )
     if op == "manifest":
         return _manifest_reply(rid, obj, frames)
+    if op == "renew":
+        return _renew_reply(rid, obj)
     raise ProtocolError(f"unknown reply op {op!r}")
+
+
+def _renew_reply(rid: str, obj: Mapping[str, Any]) -> RenewReply:
+    """A state this side does not know (a newer box) is kept as it came, like an unknown kind."""
+    return RenewReply(id=rid, armed=_field(obj, "armed", bool),
+                      expires_at=float(_field(obj, "expires_at", float)),
+                      ttl_s=float(_field(obj, "ttl_s", float)), state=_field(obj, "state", str))
 
 
 def _manifest_reply(rid: str, obj: Mapping[str, Any], frames: Sequence[bytes]) -> ManifestReply:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Tuple, Union
+from typing import Any, Mapping, Optional, Tuple, Union
 
 from .envelope import Event
 
@@ -33,6 +33,15 @@ class Manifest:
 
     id: str
     includes: Tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Renew:
+    """Renew the box's dead-man lease (~/.rgt/deadman.json) from now, for `ttl_s` seconds or, when
+    None, for the lease's own TTL. A lease that is not armed stays so: a renewal never arms one."""
+
+    id: str
+    ttl_s: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,11 +79,22 @@ class ManifestReply:
 
 
 @dataclasses.dataclass(frozen=True)
+class RenewReply:
+    """The lease after the renewal. `state` is one of protocol.kinds.DEADMAN_STATES."""
+
+    id: str
+    armed: bool
+    expires_at: float     # unix seconds; 0.0 when there is no armed lease
+    ttl_s: float
+    state: str
+
+
+@dataclasses.dataclass(frozen=True)
 class ErrorReply:
     id: str
     code: str             # one of protocol.kinds.ERROR_CODES
     message: str
 
 
-Request = Union[Hello, Since, Manifest]
-Reply = Union[HelloReply, SinceReply, ManifestReply, ErrorReply]
+Request = Union[Hello, Since, Manifest, Renew]
+Reply = Union[HelloReply, SinceReply, ManifestReply, RenewReply, ErrorReply]

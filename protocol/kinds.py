@@ -76,9 +76,14 @@ _k("ckpt.durable", "info", "a checkpoint was copied to storage that outlives the
 _k("ckpt.sync_failed", "critical", "a durable copy failed or did not hash back")
 
 # Dead-man.
-_k("deadman.armed", "info", "the box-level lease is armed")
-_k("deadman.expiring", "warn", "the lease is close to expiring")
-_k("deadman.fired", "critical", "the lease expired and the safe action ran")
+_k("deadman.armed", "info", "the box-level lease is armed (ttl_s, idle_s, max_hours)")
+_k("deadman.renewed", "info", "the lease was renewed (by launch, controller or cli)")
+_k("deadman.expiring", "warn", "the lease or the hard budget ends soon (minutes_left 30, then 5)")
+_k("deadman.held", "info", "the lease expired but a run is progressing: nothing is done")
+_k("deadman.authorized", "info", "a person pre-authorized a further action for this box")
+_k("deadman.disarmed", "info", "the lease was disarmed: the dead-man will do nothing")
+_k("deadman.firing", "critical", "the dead-man is about to run its action (journaled before it runs)")
+_k("deadman.fired", "critical", "the dead-man acted (action, outcome, exit_code)")
 
 # Controller side (recorded by the controller, never sent by a sidecar).
 _k("link.lost", "warn", "the transport is down; says nothing about the job")
@@ -108,7 +113,11 @@ def all_kinds() -> Dict[str, KindSpec]:
 
 # Control operations a ROUTER understands. Later versions add ops; a server
 # answers an op it does not know with an "unknown_op" error reply.
-CONTROL_OPS = ("hello", "since", "manifest")
+CONTROL_OPS = ("hello", "since", "manifest", "renew")
+
+# The dead-man lease as a renew reply states it: armed and counting, already fired, disarmed,
+# no lease file on the box, or a lease file that could not be read (treated as armed).
+DEADMAN_STATES = ("armed", "fired", "disarmed", "absent", "unreadable")
 
 # Error codes in error replies.
 # "refused": understood, but the sidecar will not do it (a manifest that could not be complete).

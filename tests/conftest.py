@@ -1,4 +1,4 @@
-"""Suite-wide guards: no test may leak a thread or a child process."""
+"""Suite-wide guards: no test may leak a thread or a child process, nor arm this machine's dead-man."""
 from __future__ import annotations
 
 import threading
@@ -35,3 +35,10 @@ def no_leaked_processes() -> Iterator[None]:
     for p in alive:  # end what this test started, by pid, then fail it
         p.kill()
     assert not alive, f"test leaked processes: {[(p.pid, p.name()) for p in alive]}"
+
+
+@pytest.fixture(autouse=True)
+def no_deadman_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rgt-onbox launch` arms the box's dead-man (a detached daemon under ~/.rgt) unless told
+    not to; tests that launch say so through RGT_DEADMAN, and dead-man tests arm one in a temp HOME."""
+    monkeypatch.setenv("RGT_DEADMAN", "off")

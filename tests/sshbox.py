@@ -19,7 +19,7 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import psutil
 import pytest
@@ -64,6 +64,8 @@ class SshBox:
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self._tracked: List[Ssh] = []
         self._frozen: List[psutil.Process] = []
+        # More variables every session on the box gets (sshd SetEnv); takes effect at (re)start.
+        self.env: Dict[str, str] = {}
 
     # -- files ---------------------------------------------------------------------
 
@@ -97,7 +99,7 @@ class SshBox:
             "PermitUserRC no",
             "X11Forwarding no",
             "Subsystem sftp internal-sftp",
-            f"SetEnv HOME={self.home}",
+            "SetEnv " + " ".join(f"{k}={v}" for k, v in {"HOME": str(self.home), **self.env}.items()),
             "",
         ]))
 

@@ -25,9 +25,11 @@ from tests.sshbox import SshBox
 
 TRAIN = [sys.executable, str(REPO / "scripts" / "train_tiny.py")]
 ONBOX = f"{sys.executable} -m onbox.cli"
-# Fast heartbeats, no kernel log, no pre-flight, a sidecar that ends with its job.
+# Fast heartbeats, no kernel log, no pre-flight, a sidecar that ends with its job, no dead-man
+# (a test that wants one arms it itself).
 TEST_ONBOX_ARGS = ["--onbox-arg=--no-preflight", "--onbox-arg=--sidecar-linger=0s",
-                   "--onbox-arg=--serve-arg=--heartbeat=1", "--onbox-arg=--serve-arg=--no-kmsg"]
+                   "--onbox-arg=--deadman=off", "--onbox-arg=--serve-arg=--heartbeat=1",
+                   "--onbox-arg=--serve-arg=--no-kmsg"]
 
 
 class Rgt:

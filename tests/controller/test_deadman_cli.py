@@ -1,0 +1,103 @@
+"""`rgt deadman HOST ...` against host `local`: the box's real rgt-onbox, in a temp HOME."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, Iterator
+
+import pytest
+
+from controller import deadman as ctl
+from controller import teardown
+from controller.store import Store
+from onbox import deadman, deadmand
+from onbox.runs import wait_for
+from tests.helpers import REPO, rgt_cmd
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A HOME of the test's own: the lease and any daemon an `arm` starts live there, and the
+    daemon is gone at the end (disarmed, then by its pid)."""
+    where = tmp_path / "boxhome"
+    where.mkdir()
+    monkeypatch.setenv("HOME", str(where))
+    paths = deadman.paths_for({"HOME": str(where)})
+    try:
+        yield where
+    finally:
+        pid = deadmand.daemon_pid(paths)
+        if pid is not None:
+            deadman.disarm(paths, now=0.0, environ={"HOME": str(where)})
+            if not wait_for(lambda: deadmand.daemon_pid(paths) is None, 15.0):
+                os.kill(pid, signal.SIGTERM)
+                wait_for(lambda: deadmand.daemon_pid(paths) is None, 10.0)
+
+
+def rgt(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(rgt_cmd(*args), env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def answer(done: subprocess.CompletedProcess[str]) -> Dict[str, Any]:
+    assert done.returncode == 0, done.stderr
+    doc: Dict[str, Any] = json.loads(done.stdout)
+    return doc
+
+
+def test_status_arm_renew_disarm_round_trip(home: Path) -> None:
+    assert answer(rgt("deadman", "local", "status", "--json"))["state"] == "absent"
+    armed = answer(rgt("deadman", "local", "arm", "--ttl", "2h", "--idle", "10m", "--json"))
+    assert armed["lease"]["armed"] and armed["lease"]["ttl_s"] == 7200.0
+    assert armed["lease"]["idle_s"] == 600.0 and armed["lease"]["profile"] == "local"
+    lease = json.loads((home / ".rgt" / "deadman.json").read_text())
+    assert lease["armed"] and lease["renewed_by"] == "cli"
+    renewed = answer(rgt("deadman", "local", "renew", "--ttl", "3h", "--json"))
+    assert renewed["lease"]["ttl_s"] == 10800.0 and renewed["lease"]["expires_at"] > lease["expires_at"]
+    shown = rgt("deadman", "local", "status")
+    assert shown.returncode == 0 and "dead-man on local: armed" in shown.stdout
+    assert "expires in" in shown.stdout
+    assert answer(rgt("deadman", "local", "disarm", "--json"))["lease"]["armed"] is False
+    assert "dead-man on local: disarmed" in rgt("deadman", "local", "status").stdout
+
+
+def test_a_refusal_on_the_box_is_an_error_line_not_an_install_hint(home: Path) -> None:
+    done = rgt("deadman", "local", "arm", "--ttl", "soon")
+    assert done.returncode == 1 and "error: local refused `deadman arm`" in done.stderr
+    assert "rgt install" not in done.stderr
+
+
+def test_authorize_needs_a_known_run_an_open_gate_and_the_typed_host(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Store.open() as store:
+        with pytest.raises(ctl.DeadmanError, match="no run launched on local"):
+            ctl.authorize(store, "local", "terminate", instance_id="i-1", typed="local")
+        store.upsert_run("run-a", host="", target="local", run_dir=str(home / "runs" / "run-a"))
+        # Never pulled: the real gate is closed and names the run.
+        with pytest.raises(ctl.DeadmanError, match="gate of run run-a is closed: not verified"):
+            ctl.authorize(store, "local", "terminate", instance_id="i-1", typed="local")
+        open_gate = [ctl.RunGate("run-a", teardown.Gate(True, "open", "covered"))]
+        monkeypatch.setattr(ctl, "host_gates", lambda s, h: open_gate)
+        with pytest.raises(ctl.DeadmanError, match="typed host name does not match"):
+            ctl.authorize(store, "local", "terminate", instance_id="i-1", typed="loca")
+        # The gate is open and the name typed: the box itself still refuses an action its
+        # profile does not allow (local's dead-man allows none).
+        with pytest.raises(ctl.DeadmanError, match="local refused `deadman authorize`"):
+            ctl.authorize(store, "local", "terminate", instance_id="i-1", typed="local")
+    assert not (home / ".rgt" / "deadman.json").exists() or \
+        json.loads((home / ".rgt" / "deadman.json").read_text()).get("authorized") is None
+
+
+def test_render_reads_a_status_answer() -> None:
+    text = ctl.render("gpu1", {"lease": {"armed": True, "ttl_s": 7200, "renewed_by": "controller",
+                                         "max_hours": 12, "fired": None, "authorized": None},
+                               "seconds_left": 3725, "daemon": {"pid": 42, "alive": True},
+                               "decision": {"verdict": "armed", "reason": "the lease runs 3725 s more"},
+                               "would": {"action": "stop", "reason": "the profile's dead-man action",
+                                         "refused": None, "still_bills": "the volume disk"}})
+    assert "dead-man on gpu1: armed" in text and "1h02m" in text and "pid 42" in text
+    assert "hard budget  12 h" in text and "now          armed: the lease runs 3725 s more" in text
+    assert "when it fires stop: the profile's dead-man action" in text and "still bills  the volume" in text
