@@ -54,6 +54,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple
 
+from controller.jsonl import objects
 from controller.reconcile_doc import METRIC_BY_NAME, METRICS, Claim, Metric, read_claims, words
 
 VERIFIED_NAME = "PULL_VERIFIED.json"
@@ -221,22 +222,15 @@ class Evidence:
 
     def add_jsonl(self, path: Path) -> None:
         by_key: Dict[str, Series] = {}
-        with open(path, "rb") as f:
-            for line_no, raw in enumerate(f, 1):
-                try:
-                    row = json.loads(raw)
-                except ValueError:
-                    continue  # a torn last line, a stray print
-                if not isinstance(row, dict):
+        for line_no, row in objects(path):  # a torn last line, a stray print: skipped
+            step, epoch = _number(row.get("step")), _number(row.get("epoch"))
+            for key, value in flatten(row):
+                named = key_metric(key)
+                if named is None:
                     continue
-                step, epoch = _number(row.get("step")), _number(row.get("epoch"))
-                for key, value in flatten(row):
-                    named = key_metric(key)
-                    if named is None:
-                        continue
-                    if key not in by_key:
-                        by_key[key] = Series(named[0], key, str(path), named[1])
-                    by_key[key].rows.append((line_no, step, epoch, value))
+                if key not in by_key:
+                    by_key[key] = Series(named[0], key, str(path), named[1])
+                by_key[key].rows.append((line_no, step, epoch, value))
         self.series.extend(by_key.values())
 
 

@@ -21,6 +21,8 @@ import re
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from protocol.pull import is_temporary
+
 from controller.verify_identity import HashResult
 from controller.verify_load import LoadResult
 
@@ -234,16 +236,6 @@ def record_of(run_dir: Path, path: Path, records: Iterable[Record]) -> Optional[
     full = os.path.normpath(Path(run_dir) / path)
     found = [r for r in records if os.path.normpath(Path(run_dir) / r.path) == full]
     return max(found, key=lambda r: r.ts) if found else None
-
-
-def is_temporary(rel: str) -> bool:
-    """A name that is not a finished checkpoint (the rule custody applies, onbox/ckptcheck.py)."""
-    for part in Path(rel).parts:
-        low = part.lower()
-        if (part.startswith(".") or low.endswith((".tmp", ".partial")) or ".tmp." in low
-                or low.startswith(("tmp-", "tmp_"))):
-            return True
-    return False
 
 
 def unrecorded(run_dir: Path, ckpt_dir: Path, records: Iterable[Record]) -> List[str]:

@@ -17,7 +17,6 @@ number it prints with the number the run reported for that checkpoint's step.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import shlex
@@ -25,6 +24,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from controller.jsonl import objects
 from controller.output import last_json_object
 
 DEFAULT_METRIC = "loss"
@@ -61,17 +61,10 @@ def _number(value: Any) -> Optional[float]:
 def reported_values(path: Path, metric: str) -> Dict[int, float]:
     """{step: the last value of `metric` logged at that step} from a metrics.jsonl."""
     out: Dict[int, float] = {}
-    with open(path, "rb") as f:
-        for raw in f:
-            try:
-                row = json.loads(raw)
-            except ValueError:
-                continue  # a torn last line, a stray print
-            if not isinstance(row, dict):
-                continue
-            step, value = row.get("step"), _number(row.get(metric))
-            if type(step) is int and value is not None:
-                out[step] = value
+    for _, row in objects(path):
+        step, value = row.get("step"), _number(row.get(metric))
+        if type(step) is int and value is not None:
+            out[step] = value
     return out
 
 

@@ -26,6 +26,8 @@ import zipfile
 from pathlib import Path
 from typing import IO, Any, Dict, List, Mapping, Optional, Tuple
 
+from protocol.pull import is_temporary  # re-exported: custody and the manifest use it from here
+
 OK = "ok"
 BAD = "bad"
 UNCHECKED = "unchecked"
@@ -214,18 +216,6 @@ def _check_torch_zip(f: IO[bytes], size: int, suffix: str) -> CheckResult:
         if end > size:
             raise _Bad(f"member {info.filename!r} ends at {end}, past the end of the file ({size} bytes)")
     return CheckResult(TORCH, OK, tensors=sum(1 for n in names if "/data/" in n))
-
-
-
-
-def is_temporary(rel: str) -> bool:
-    """A name (any component of a path under the checkpoint dir) that is not a finished file."""
-    for part in Path(rel).parts:
-        low = part.lower()
-        if (part.startswith(".") or low.endswith((".tmp", ".partial")) or ".tmp." in low
-                or low.startswith(("tmp-", "tmp_"))):
-            return True
-    return False
 
 
 __all__ = ["BAD", "OK", "UNCHECKED", "CheckResult", "check_file", "check_path", "is_temporary", "step_of"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from pathlib import PurePosixPath
 from typing import Any, Mapping
 
 from .errors import ProtocolError
@@ -94,5 +95,17 @@ def check_manifest(doc: Any) -> None:
         raise ProtocolError("manifest sha256 does not match its content")
 
 
+def is_temporary(rel: str) -> bool:
+    """A name (any component of a path under a checkpoint dir) that is not a finished file: a
+    dotfile, *.tmp, *.partial, *.tmp.*, tmp-* or tmp_*. The sidecar's custody, the pull manifest
+    and the controller's checks all apply this one rule."""
+    for part in PurePosixPath(rel).parts:
+        low = part.lower()
+        if (part.startswith(".") or low.endswith((".tmp", ".partial")) or ".tmp." in low
+                or low.startswith(("tmp-", "tmp_"))):
+            return True
+    return False
+
+
 __all__ = ["FILENAME", "HASHED", "KINDS", "SCHEMA", "VERSION", "canonical_bytes", "check_manifest",
-           "manifest_digest"]
+           "is_temporary", "manifest_digest"]
