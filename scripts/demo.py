@@ -46,8 +46,15 @@ def main() -> int:
           f"watcher pid {info['watcher_pid']}")
 
     say("rgt watch: blocks until something material happens (exit 10), then says what to do")
-    woke = subprocess.run([str(BIN / "rgt"), "watch", run_id, "--timeout", "120"], env=env)
+    woke = subprocess.run([str(BIN / "rgt"), "watch", run_id, "--timeout", "120"], env=env,
+                          capture_output=True, text=True)
+    sys.stdout.write(woke.stdout)
+    sys.stderr.write(woke.stderr)
     print(f"  exit code {woke.returncode}")
+    entry = (json.loads(woke.stdout.strip().splitlines()[-1]) if woke.stdout.strip() else {}).get("entry")
+    if entry:
+        say(f"rgt explain {entry}: the wake names its entry in the symptom catalog")
+        subprocess.run([str(BIN / "rgt"), "explain", entry, "--top", "1"], env=env, check=False)
     say("rgt status: one screen")
     subprocess.run([str(BIN / "rgt"), "status", run_id], env=env, check=False)
     say("rgt watch again: the NaN does not wake it twice; the job's end does")
@@ -69,6 +76,10 @@ def main() -> int:
     print(f"  RGT_HOME=.demo/state .venv/bin/rgt events {run_id} --json")
     print("  .venv/bin/rgt-onbox xids tests/onbox/data/dmesg_plain.log")
     print("  .venv/bin/rgt-onbox health --probe fake:xid79_on_gpu3   # a box to walk away from")
+    print('  .venv/bin/rgt explain "loss is nan after switching to fp16"')
+    print("  .venv/bin/rgt profile show autodl        # what really stops the meter there")
+    print("  .venv/bin/rgt rehearse --steps 60 -- .venv/bin/python scripts/train_tiny.py "
+          "--ckpt-every 20 --steps 100")
     return 0 if woke.returncode == 10 and ended.returncode == 10 else 1
 
 
