@@ -146,23 +146,19 @@ def newer_checkpoints(run_dirs: Sequence[str], since: float) -> List[str]:
     return [f"{Path(d).name}/{r.path}" for d in run_dirs for r in manifest.read(Path(d)) if r.ts > since]
 
 
-def _tier(profile: profiles.Profile, path: str, environ: Mapping[str, str]) -> Tuple[str, Optional[bool]]:
-    """(tier name, survives a stop) of the storage tier holding `path`; ("", None) when none does."""
-    tier_of = getattr(profile, "tier_of", None)
-    tier = tier_of(os.path.realpath(path), environ) if tier_of is not None else None
-    if tier is None:
-        return "", None
-    return str(getattr(tier, "name", "")), getattr(tier, "survives_stop", None)
-
-
 def _wiped_by_stop(profile: profiles.Profile, runs: Sequence[RunActivity],
                    environ: Mapping[str, str]) -> Optional[str]:
-    """Why a stop would lose a run's files: one of them lies on a tier that does not survive it."""
+    """Why a stop could lose a run's files: one of them lies on a tier that does not survive it,
+    or on storage the profile does not describe (unknown is not safe)."""
     for run in runs:
-        for path in (run.run_dir, run.ckpt_dir):
-            name, survives = _tier(profile, path, environ) if path else ("", None)
-            if survives is False:
-                return f"run {run.run_id} keeps files at {path}, on the {name} storage, which a stop wipes"
+        for path in filter(None, (run.run_dir, run.ckpt_dir)):
+            tier = profile.tier_of(os.path.realpath(path), environ)
+            if tier is None:
+                return (f"run {run.run_id} keeps files at {path}, on storage the {profile.name} profile "
+                        "does not describe, so a stop might wipe them")
+            if not tier.survives_stop:
+                return (f"run {run.run_id} keeps files at {path}, on the {tier.name} storage, "
+                        "which a stop wipes")
     return None
 
 

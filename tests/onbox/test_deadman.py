@@ -326,14 +326,15 @@ def test_the_action_runs_exactly_once_across_a_daemon_restart(
     ("no-such-program-rgt stop {instance_id}", "i-1", "workspace", "not on PATH"),
     ("recorder stop {instance_id}", None, "workspace", "needs the instance id"),
     ("recorder stop {instance_id}", "i-1", "scratch", "which a stop wipes"),
+    ("recorder stop {instance_id}", "i-1", "elsewhere", "storage the testcloud profile does not describe"),
 ])
 def test_a_command_that_cannot_be_taken_safely_becomes_notify_with_the_reason(
         box: Box, command: str, instance: Optional[str], root_under: str, needle: str) -> None:
     box.testcloud(command=command)
     if instance:
         box.environ["TEST_INSTANCE_ID"] = instance
-    if root_under == "scratch":
-        box.root = box.top / "scratch" / "runs"
+    if root_under != "workspace":
+        box.root = (box.top / "scratch" if root_under == "scratch" else box.tmp / "elsewhere") / "runs"
         box.root.mkdir(parents=True)
     box.run("done", running=False, active_at=T0)
     box.arm()
