@@ -3,34 +3,21 @@
 Commands are thin: parse, call one function, render. Exit codes, errors and
 the shared options live in controller.clibase. Adding a command: decorate a
 function with `@main.command("name")` here, or write it in its own module as a
-`@click.command(cls=RgtCommand)` and add it at the bottom of this file; reuse
+`@click.command(cls=RgtCommand)` and name it in LAZY (imported when first used); reuse
 RUN_ARGUMENT / JSON_OPTION, raise StoreError or CliError for problems a person
 can fix, and return None.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import click
 import protocol
 
-from controller import (
-    cli_box,
-    cli_compare,
-    cli_deadman,
-    cli_explain,
-    cli_profile,
-    cli_pull,
-    cli_reconcile,
-    cli_rehearse,
-    cli_runs,
-    cli_verify,
-    cli_watch,
-    render,
-)
-from controller.attach import AttachError, attach
+from controller import render
 from controller.clibase import (
     JSON_OPTION,
     RUN_ARGUMENT,
@@ -40,14 +27,52 @@ from controller.clibase import (
     configure_logging,
     sigterm_as_interrupt,
 )
-from controller.events import iter_events
-from controller.store import Store
-from controller.subscriber import SubscriberError
 
 log = logging.getLogger(__name__)
 
 
-@click.group("rgt", cls=RgtGroup, context_settings={"help_option_names": ["-h", "--help"]})
+# Commands in their own modules, imported only when named (or listed by --help): `rgt explain`
+# and `rgt watch` start without loading pull, install, rehearse and the rest. name -> (module, attr)
+LAZY: Dict[str, Tuple[str, str]] = {
+    "hosts": ("controller.cli_runs", "hosts_group"),
+    "launch": ("controller.cli_runs", "launch_command"),
+    "runs": ("controller.cli_runs", "runs_command"),
+    "stop": ("controller.cli_runs", "stop_command"),
+    "watch": ("controller.cli_watch", "watch_command"),
+    "status": ("controller.cli_watch", "status_command"),
+    "plot": ("controller.cli_watch", "plot_command"),
+    "policy": ("controller.cli_watch", "policy_command"),
+    "install": ("controller.cli_box", "install_command"),
+    "secret": ("controller.cli_box", "secret_group"),
+    "verify": ("controller.cli_verify", "verify_command"),
+    "pull": ("controller.cli_pull", "pull_command"),
+    "teardown": ("controller.cli_pull", "teardown_command"),
+    "profile": ("controller.cli_profile", "profile_group"),
+    "deadman": ("controller.cli_deadman", "deadman_group"),
+    "rehearse": ("controller.cli_rehearse", "rehearse_command"),
+    "explain": ("controller.cli_explain", "explain_command"),
+    "reconcile": ("controller.cli_reconcile", "reconcile_command"),
+    "compare": ("controller.cli_compare", "compare_command"),
+}
+
+
+class LazyGroup(RgtGroup):
+    """RgtGroup whose LAZY commands are imported when first looked up."""
+
+    def list_commands(self, ctx: click.Context) -> List[str]:
+        return sorted({*super().list_commands(ctx), *LAZY})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> Optional[click.Command]:
+        if cmd_name in LAZY and cmd_name not in self.commands:
+            module, attr = LAZY[cmd_name]
+            command = getattr(importlib.import_module(module), attr)
+            if not isinstance(command, click.Command) or command.name != cmd_name:
+                raise RuntimeError(f"{module}.{attr} is not the `rgt {cmd_name}` command")
+            self.add_command(command)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group("rgt", cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show debug logs, and tracebacks on errors.")
 @click.version_option(package_name="remote-gpu-trainer", prog_name="rgt")
 @click.pass_context
@@ -77,6 +102,9 @@ def _print(lines: Callable[[protocol.Event], str], batch: Sequence[protocol.Even
 def events_command(run: str, as_json: bool, follow: bool, kind_prefix: Optional[str],
                    since: int, limit: Optional[int]) -> None:
     """Print the events of RUN (a run id, or a unique prefix of one)."""
+    from controller.events import iter_events
+    from controller.store import Store
+
     line = render.json_line if as_json else render.table_row
     with Store.open() as store:
         run_id = store.resolve_run(run)
@@ -114,6 +142,10 @@ def attach_command(run_dir: Path, as_json: bool, until_exit: bool, timeout_s: Op
     Every event lands in the store exactly once and in order, also after this
     command or the sidecar was killed and restarted; events print as they land.
     """
+    from controller.attach import AttachError, attach
+    from controller.store import Store
+    from controller.subscriber import SubscriberError
+
     line = render.json_line if as_json else render.table_row
     if not quiet and not as_json:
         click.echo(render.table_header())
@@ -126,29 +158,6 @@ def attach_command(run_dir: Path, as_json: bool, until_exit: bool, timeout_s: Op
             raise CliError(str(e)) from e
         except KeyboardInterrupt:
             log.debug("stopped attaching %s", run_dir)
-
-
-# ---- commands that live in their own modules -------------------------------------
-
-main.add_command(cli_runs.hosts_group)
-main.add_command(cli_runs.launch_command)
-main.add_command(cli_runs.runs_command)
-main.add_command(cli_runs.stop_command)
-main.add_command(cli_watch.watch_command)
-main.add_command(cli_watch.status_command)
-main.add_command(cli_watch.plot_command)
-main.add_command(cli_watch.policy_command)
-main.add_command(cli_box.install_command)
-main.add_command(cli_box.secret_group)
-main.add_command(cli_verify.verify_command)
-main.add_command(cli_pull.pull_command)
-main.add_command(cli_pull.teardown_command)
-main.add_command(cli_profile.profile_group)
-main.add_command(cli_deadman.deadman_group)
-main.add_command(cli_rehearse.rehearse_command)
-main.add_command(cli_explain.explain_command)
-main.add_command(cli_reconcile.reconcile_command)
-main.add_command(cli_compare.compare_command)
 
 
 if __name__ == "__main__":
