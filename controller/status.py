@@ -85,7 +85,10 @@ class _Reader:
             self.gpus[ev.data.get("gpu")] = ev
         elif kind == "ckpt.durable":
             self.durable.add(str(ev.data.get("sha256")))
-        if kind in LIFECYCLE and isinstance(ev, protocol.Event):
+        # A sidecar that stops (or restarts) after the job's exit does not hide that exit.
+        hides_exit = kind.startswith("sidecar.") and self.lifecycle is not None \
+            and self.lifecycle.kind == "job.exited"
+        if kind in LIFECYCLE and isinstance(ev, protocol.Event) and not hides_exit:
             self.lifecycle = ev
             if kind == "job.started":
                 self.job_started_at = ev.ts

@@ -118,6 +118,9 @@ def test_a_nan_loss_has_no_difference(store: Store) -> None:
 
 @pytest.mark.parametrize("extra, state, reason", [
     ([ev(13, "job.exited", code=0, final_ok=True)], "exited ok", "finished cleanly"),
+    ([ev(13, "job.exited", "warn", code=0, final_ok=False, final_reasons=["loss is NaN"]),
+      ev(14, "sidecar.stopping")], "exited failed", "loss is NaN"),  # the sidecar ends after the job
+    ([ev(13, "sidecar.stopping")], "unknown", "the sidecar stopped and no job exit is stored"),
     ([ev(13, "job.exited", "warn", code=0, final_ok=False, final_reasons=["sync failed"])],
      "exited failed", "but the run failed: sync failed"),
     ([ev(13, "job.stalled", "warn", state="onset", verdict="hung", idle_s=700.0, budget_s=300.0)],
