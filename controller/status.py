@@ -284,8 +284,25 @@ def summarize(store: Store, run: str, ref: Optional[str] = None,
                    "cursor": store.cursor(run_id)},
         "gaps": gaps, "missing_events": sum(g["last_seq"] - g["first_seq"] + 1 for g in gaps),
         "ref": reference(store, ref, progress) if ref else None,
+        "deadman": _deadman(reader, now),
     }
     return out
+
+
+def _deadman(reader: _Reader, now: float) -> Optional[Dict[str, Any]]:
+    """The box's dead-man as its newest record relayed into this run says, or None."""
+    found = [ev for kind, ev in reader.latest.items() if kind.startswith("deadman.")]
+    if not found:
+        return None
+    ev = max(found, key=lambda e: e.ts)
+    d = ev.data
+    text = {"deadman.armed": "armed", "deadman.renewed": "renewed", "deadman.disarmed": "disarmed",
+            "deadman.held": "expired, held: a run still progresses",
+            "deadman.authorized": f"authorized to {d.get('action')}",
+            "deadman.expiring": f"expiring: {d.get('minutes_left')} min left",
+            "deadman.firing": f"firing: {d.get('action')}",
+            "deadman.fired": f"fired: {d.get('action')} ({d.get('outcome') or 'done'})"}.get(ev.kind, ev.kind)
+    return {"kind": ev.kind, "state": text, "ts": ev.ts, "age_s": _age(now, ev.ts)}
 
 
 # ---- for people ---------------------------------------------------------------
@@ -357,6 +374,9 @@ def render(s: Mapping[str, Any]) -> str:
     lines.append(f"  link      {link['state']}"
                  + (f" for {seconds(link['age_s'])}" if link.get("age_s") is not None else "")
                  + (f", last heartbeat {seconds(hb)} ago" if hb is not None else ""))
+    dm = s.get("deadman")
+    if dm:
+        lines.append(f"  deadman   {dm['state']} ({seconds(dm['age_s'])} ago; rgt deadman HOST status)")
     ev = s["events"]
     lines.append(f"  events    {number(ev['stored'])} stored ({ev['warn']} warn, {ev['critical']} critical), "
                  f"{ev['local']} local; " + (f"{s['missing_events']} lost in {len(s['gaps'])} gap(s)"

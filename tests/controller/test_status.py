@@ -222,3 +222,13 @@ def test_policy_command_changes_and_shows(store: Store) -> None:
 def test_policy_command_usage_errors(store: Store, args: List[str]) -> None:
     result = CliRunner().invoke(cli_watch.policy_command, args)
     assert result.exit_code == 2, result.output
+
+
+def test_the_box_dead_man_shows_as_its_newest_relayed_record(store: Store) -> None:
+    assert status.summarize(store, RUN, now=NOW)["deadman"] is None
+    store.apply(RUN, [ev(13, "deadman.armed", age_s=60, ttl_s=7200.0),
+                      ev(14, "deadman.expiring", "warn", age_s=30, minutes_left=5),
+                      ev(15, "deadman.fired", "critical", age_s=10, action="stop", outcome="done")], 15)
+    s = status.summarize(store, RUN, now=NOW)
+    assert s["deadman"]["kind"] == "deadman.fired" and s["deadman"]["state"] == "fired: stop (done)"
+    assert "deadman   fired: stop (done) (10 s ago" in status.render(s)
