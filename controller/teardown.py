@@ -34,7 +34,6 @@ import datetime
 import json
 import os
 import shlex
-import string
 import subprocess
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
@@ -48,7 +47,7 @@ from controller.pullstage import MANIFEST_REL, VERIFIED_REL
 from controller.ssh import SshError
 from controller.store import Store
 
-STALE_MONTHS = 6
+STALE_MONTHS = profiles.STALE_MONTHS
 COMMAND_TIMEOUT_S = 600
 GATE_TIMEOUT_S = 600
 _OUTPUT_TAIL = 4000
@@ -266,8 +265,7 @@ def may_run(action: profiles.Action, gate: Gate) -> Tuple[bool, str]:
 
 
 def age_months(verified: str, today: datetime.date) -> int:
-    year, month = (int(x) for x in verified.split("-"))
-    return (today.year * 12 + today.month) - (year * 12 + month)
+    return profiles.months_between(verified, profiles.this_month(today))
 
 
 def _action_plan(a: profiles.Action, profile: profiles.Profile, gate: Gate,
@@ -343,14 +341,11 @@ class ActionResult:
 def build_argv(template: str, values: Mapping[str, Optional[str]]) -> List[str]:
     """The template's words (split like a shell line, never run by one) with placeholders filled;
     a value can never become more than part of one word."""
-    argv = []
-    for word in shlex.split(template):
-        for _, field, _, _ in string.Formatter().parse(word):
-            if field is not None and not values.get(field):
-                hint = "pass --instance-id ID" if field == "instance_id" else None
-                raise TeardownError(f"the command needs {{{field}}}, and none is known", hint=hint)
-        argv.append(word.format(**{k: v or "" for k, v in values.items()}))
-    return argv
+    for field in profiles.command_fields(template):
+        if not values.get(field):
+            hint = "pass --instance-id ID" if field == "instance_id" else None
+            raise TeardownError(f"the command needs {{{field}}}, and none is known", hint=hint)
+    return profiles.fill_command(template, {k: v or "" for k, v in values.items()})
 
 
 def command_env(action: profiles.Action, environ: Mapping[str, str]) -> Dict[str, str]:

@@ -33,10 +33,8 @@ import json
 import logging
 import os
 import select
-import shlex
 import shutil
 import signal
-import string
 import subprocess
 import sys
 import threading
@@ -210,7 +208,7 @@ def plan_action(lease: Lease, runs: Sequence[RunActivity], environ: Mapping[str,
     def refuse(text: str) -> Plan:
         return Plan(NOTIFY, f"{reason}, refused: notify instead", why=why, refused=text, wanted=name)
 
-    needed = {f for word in shlex.split(template) for _, f, _, _ in string.Formatter().parse(word) if f}
+    needed = set(profiles.command_fields(template))
     instance = None
     if profile.deadman.instance_id_env:
         env_name = profile.deadman.instance_id_env
@@ -222,7 +220,7 @@ def plan_action(lease: Lease, runs: Sequence[RunActivity], environ: Mapping[str,
                       "nor an authorization gives it")
     values = {"instance_id": instance or "", "host": os.uname().nodename.split(".")[0],
               "run_id": max((r.run_id for r in runs), default="")}
-    argv = [word.format(**values) for word in shlex.split(template)]
+    argv = profiles.fill_command(template, values)
     if argv[:1] == ["python3"] and argv[1:2] == ["-m"] and argv[2:3] and argv[2].startswith("onbox."):
         argv[0] = sys.executable  # our own module: the interpreter rgt-onbox is installed in
     env = _action_env(action.credentials_env, environ)

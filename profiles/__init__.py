@@ -18,6 +18,7 @@ Every money- or data-affecting fact carries `verified = "YYYY-MM"` and a `source
 """
 from __future__ import annotations
 
+from profiles.commands import command_fields, fill_command
 from profiles.loader import directory, load, load_all, names
 from profiles.model import NOTIFY, Action, Deadman, Profile, Scripts, Spot, Ssh, Stamp, Storage, Surface
 from profiles.schema import KINDS, PLACEHOLDERS, ProfileError
@@ -25,6 +26,7 @@ from profiles.stamps import STALE_MONTHS, Aged, ages, is_month, months_between, 
 
 __all__ = [
     "KINDS", "NOTIFY", "PLACEHOLDERS", "STALE_MONTHS", "Action", "Aged", "Deadman", "Profile",
-    "ProfileError", "Scripts", "Spot", "Ssh", "Stamp", "Storage", "Surface", "ages", "directory", "is_month",
-    "load", "load_all", "months_between", "names", "stale", "stamps", "this_month",
+    "ProfileError", "Scripts", "Spot", "Ssh", "Stamp", "Storage", "Surface", "ages", "command_fields",
+    "directory", "fill_command", "is_month", "load", "load_all", "months_between", "names", "stale", "stamps",
+    "this_month",
 ]
