@@ -87,11 +87,8 @@ def stop(store: Store, run: str, grace: str = "30s") -> Dict[str, Any]:
         raise BoxError(f"run {info['run']} was not launched through rgt: no host or run directory known",
                        hint="stop it on the box with 'rgt-onbox stop RUN_DIR'")
     host = str(info["target"])
-    shell = shell_for(store, host)
-    line = f"{onbox_command(store, host)} stop --json --grace {shlex.quote(grace)} " \
-           f"{shlex.quote(str(info['run_dir']))}"
     try:
-        out = shell.run(line, check=False, timeout_s=120)
+        out, _ = install.run_onbox(store, host, ["stop", "--json", "--grace", grace, str(info["run_dir"])])
     except SshError as e:
         raise BoxError(e.message, e.hint) from e
     answer = _json_answer(out, "rgt-onbox stop")

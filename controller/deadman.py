@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 from typing import Any, Dict, List, Optional, Sequence
 
 from controller import install, teardown
-from controller.output import error_tail, last_json_object
+from controller.output import error_tail
 from controller.ssh import SshError
 from controller.store import Store
 
@@ -39,13 +38,10 @@ class DeadmanError(Exception):
 
 def box_call(store: Store, host: str, args: Sequence[str]) -> Dict[str, Any]:
     """Run `rgt-onbox deadman ARGS --json` on HOST; its JSON answer (DeadmanError if none)."""
-    record = install.host_record(store, host)
-    line = f"{install.onbox_command(store, host)} deadman {shlex.join([*args, '--json'])}"
     try:
-        done = install.shell_for(record).run(line, check=False, timeout_s=CALL_TIMEOUT_S)
+        done, answer = install.run_onbox(store, host, ["deadman", *args, "--json"], CALL_TIMEOUT_S)
     except SshError as e:
         raise DeadmanError(e.message, e.hint) from e
-    answer = last_json_object(done.stdout)
     if answer is None and done.returncode in (1, 2, 3):  # rgt-onbox ran and said no
         raise DeadmanError(f"{host} refused `deadman {args[0]}`: {error_tail(done.stderr)}")
     if answer is None:

@@ -40,6 +40,7 @@ import profiles
 from protocol import PACKAGE_VERSION
 
 from controller import boxprobe, build, paths
+from controller.output import last_json_object
 from controller.ssh import LocalShell, Shell, Ssh, ssh_config_file
 from controller.store import HostNotFound, Store
 from controller.verify_identity import hash_file
@@ -139,6 +140,16 @@ def onbox_command(store: Store, host_name: str) -> str:
     if host_name == LOCAL:
         return shlex.join([sys.executable, "-m", "onbox.cli"])
     return "rgt-onbox"
+
+
+def run_onbox(store: Store, host_name: str, args: Sequence[str],
+              timeout_s: float = 120) -> Tuple[subprocess.CompletedProcess[bytes], Optional[Dict[str, Any]]]:
+    """Run `rgt-onbox ARGS` on the host (every word quoted) and return the finished process and
+    the JSON object it answered with (its last JSON line; None when there is none). SshError
+    passes through: the link, not the box."""
+    line = f"{onbox_command(store, host_name)} {shlex.join(list(args))}"
+    done = shell_for(host_record(store, host_name)).run(line, check=False, timeout_s=timeout_s)
+    return done, last_json_object(done.stdout)
 
 
 def check_version(remote_shell: Shell, onbox_cmd: str, host: Optional[str] = None) -> str:

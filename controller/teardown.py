@@ -33,7 +33,6 @@ import dataclasses
 import datetime
 import json
 import os
-import shlex
 import subprocess
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
@@ -188,22 +187,15 @@ def judge(run_id: str, where: Optional[Path], view_fn: ViewFn) -> Gate:
 
 def box_view(store: Store, host: str, run_dir: str) -> Dict[str, Any]:
     """The box's current checkpoint set (`rgt-onbox manifest RUN_DIR --gate --json`)."""
-    line = f"{install.onbox_command(store, host)} manifest {shlex.quote(run_dir)} --gate --json"
     try:
-        done = install.shell_for(install.host_record(store, host)).run(line, check=False,
-                                                                        timeout_s=GATE_TIMEOUT_S)
+        done, view = install.run_onbox(store, host, ["manifest", run_dir, "--gate", "--json"], GATE_TIMEOUT_S)
     except SshError as e:
         raise TeardownError(e.message, e.hint) from e
-    lines = [ln for ln in done.stdout.decode("utf-8", "replace").splitlines() if ln.startswith("{")]
-    if done.returncode != 0 or not lines:
+    if done.returncode != 0 or view is None:
         err = [ln.strip() for ln in done.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
         raise TeardownError(f"{host} could not show its checkpoints (exit {done.returncode}"
                             f"{': ' + err[-1][:300] if err else ''})")
-    try:
-        view = json.loads(lines[-1])
-    except ValueError as e:
-        raise TeardownError(f"{host} answered with something that is not JSON: {e}") from e
-    return view if isinstance(view, dict) else {}
+    return view
 
 
 # ---- the plan -------------------------------------------------------------------------------------
