@@ -462,7 +462,7 @@ def collect_runs(roots: Sequence[str], frame: Frame = _same,
     """Every run under the roots (each once) with its newest sign of work."""
     out: Dict[str, RunActivity] = {}
     for root in roots:
-        for status in list_runs(Path(root)):
+        for status in list_runs(Path(root), full=False):  # each tick: the job's state is enough
             run_dir = Path(status.run_dir)
             meta = read_json(run_dir / "run.json") or {}
             metrics = meta.get("metrics") if isinstance(meta.get("metrics"), str) else None

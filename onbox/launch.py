@@ -475,9 +475,6 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
         argv, profile_notes = _apply_profile(profile, opts, environ, plan, env)
         preflight = str(report.get("result")) if report else "skipped"
         write_atomic(plan.paths.run_json, _run_json(plan, opts, display, env, attempt, resume, preflight))
-        # What `rgt compare` diffs beyond run.json: config files, seeds, packages, the GPU. Never raises.
-        write_fingerprint(plan.paths.run_dir, list(opts.command), plan.cwd, env,
-                          _job_python(opts.command, env))
         spec = {"argv": argv, "cwd": str(plan.cwd), "env": env, "display": shlex.join(display),
                 "run_id": plan.run_id, "attempt": attempt}
         job = _start_job(plan, spec, environ, python)
@@ -486,6 +483,9 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
                              if opts.sidecar else (None, ["no sidecar (asked for)"]))
     finally:
         os.close(lock_fd)
+    # What `rgt compare` diffs beyond run.json (config files, seeds, packages, the GPU), written once
+    # the job runs: listing the job interpreter's packages must not delay it. Never raises.
+    write_fingerprint(plan.paths.run_dir, list(opts.command), plan.cwd, env, _job_python(opts.command, env))
     warnings += _arm_deadman(opts, plan, environ, python)
     warnings[:0] = plan.notes + _env_warnings(opts.env) + profile_notes
     if display != list(opts.command):

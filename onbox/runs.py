@@ -400,8 +400,9 @@ def _sidecar_alive(paths: RunPaths) -> Tuple[Optional[bool], Optional[bool]]:
     return (sidecar is not None and sidecar.alive()), (sup is not None and sup.alive())
 
 
-def run_status(run_dir: Path) -> RunStatus:
-    """The state of one run from its files and /proc; never raises for a half-written run."""
+def run_status(run_dir: Path, full: bool = True) -> RunStatus:
+    """The state of one run from its files and /proc; never raises for a half-written run.
+    Without `full`, only the job's state: the sidecar's liveness and the journal's tail are not read."""
     paths = RunPaths(Path(run_dir))
     meta = read_json(paths.run_json) or {}
     status = RunStatus(run_id=str(meta.get("id") or paths.run_dir.name),
@@ -426,6 +427,8 @@ def run_status(run_dir: Path) -> RunStatus:
         status.state = "stopping" if stop_doc is not None else "running"
     elif job is not None:
         status.state = "vanished"
+    if not full:
+        return status
     status.sidecar_alive, status.supervisor_alive = _sidecar_alive(paths)
     tail = journal_tail(paths.rgt)
     if tail is not None:
@@ -433,8 +436,8 @@ def run_status(run_dir: Path) -> RunStatus:
     return status
 
 
-def list_runs(root: Path) -> List[RunStatus]:
-    return [run_status(d) for d in run_dirs(root)]
+def list_runs(root: Path, full: bool = True) -> List[RunStatus]:
+    return [run_status(d, full) for d in run_dirs(root)]
 
 
 def render_ps(statuses: Sequence[RunStatus], root: Path, as_json: bool, out: IO[str],

@@ -180,6 +180,9 @@ def test_run_json_and_everything_printed_or_written_hold_no_secret(rig: Rig) -> 
     files = [p for p in run_dir.rglob("*") if p.is_file()]
     assert {"run.json", "train.log", "job.json", "exit.json", "events.jsonl", "sidecar.log"} <= \
         {p.name for p in files}
+    # The fingerprint `rgt compare` reads is written by the launch too, and is checked above for secrets.
+    fingerprint = json.loads((run_dir / "rgt" / "fingerprint.json").read_text())
+    assert fingerprint["packages"]["distributions"] and not fingerprint["errors"]
     for path in files:
         data = path.read_bytes()
         assert not any(s.encode() in data for s in secrets), path
