@@ -424,12 +424,28 @@ def _fast_seq(line: bytes) -> Optional[int]:
 
 
 def read_all(directory: Path) -> List[Dict[str, Any]]:
-    """Every event in a journal directory, oldest first (tools and tests)."""
+    """Every event in a journal directory, oldest first (tools and tests).
+
+    A reader can race a restarted writer's tail repair: the file shrinks
+    under the reader's buffer and the next read starts mid-line. Such a line,
+    like any line that is not a JSON object, is skipped rather than fatal.
+    """
     paths = sorted(p for p in Path(directory).iterdir() if _ROTATED.match(p.name))
     paths.append(Path(directory) / CURRENT)
     events: List[Dict[str, Any]] = []
     for path in paths:
         if path.exists():
             with open(path, "rb") as f:
-                events.extend(json.loads(line) for line in f if line.endswith(b"\n"))
+                for line in f:
+                    event = _decode_line(line) if line.endswith(b"\n") else None
+                    if event is not None:
+                        events.append(event)
     return events
+
+
+def _decode_line(line: bytes) -> Optional[Dict[str, Any]]:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None

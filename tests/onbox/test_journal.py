@@ -55,6 +55,19 @@ def test_torn_tail_is_cut_kept_aside_and_not_fatal(tmp_path: Path, torn: bytes) 
     assert len(kept) == 1 and kept[0].read_bytes() == torn
 
 
+def test_read_all_skips_a_line_read_from_mid_record(tmp_path: Path) -> None:
+    # What a reader sees when a restarted writer cuts a torn tail under its
+    # buffer: the next read starts inside a record. CI once failed on this.
+    j = make(tmp_path)
+    j.append("train.progress", {"step": 0})
+    j.append("heartbeat")
+    j.close()
+    path = tmp_path / "rgt" / CURRENT
+    first, second = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(first + b'"kind":"synthetic.tick","sev":"info","data":{}}\n[1, 2]\n' + second)
+    assert seqs(tmp_path / "rgt") == [1, 2]
+
+
 def test_rotation_and_replay_across_files(tmp_path: Path) -> None:
     j = make(tmp_path, rotate_bytes=2048, cache_max=10)
     for i in range(100):
