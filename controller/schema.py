@@ -102,5 +102,33 @@ MIGRATIONS: Tuple[Migration, ...] = (
             shown_at REAL NOT NULL
         )""",
     )),
+    Migration(4, "runs across boxes: resumed runs, multi-node groups, queues over hosts", (
+        # `rgt resume`: the run this one continues (one history in `rgt status`).
+        "ALTER TABLE runs ADD COLUMN resumed_from TEXT NOT NULL DEFAULT ''",
+        # Multi-node: every node's stream is a run of its own, tied to the logical run.
+        "ALTER TABLE runs ADD COLUMN group_run TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE runs ADD COLUMN node TEXT NOT NULL DEFAULT ''",
+        "CREATE INDEX runs_group ON runs (group_run)",
+        """CREATE TABLE queues (
+            name TEXT NOT NULL PRIMARY KEY,
+            hosts TEXT NOT NULL,  -- JSON list of host names
+            options TEXT NOT NULL DEFAULT '{}',  -- JSON object
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+        """CREATE TABLE queue_cells (
+            queue TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            command TEXT NOT NULL,  -- JSON list (argv)
+            state TEXT NOT NULL,  -- pending | running | done | failed | retrying
+            attempts INTEGER NOT NULL DEFAULT 0,
+            run TEXT NOT NULL DEFAULT '',
+            host TEXT NOT NULL DEFAULT '',
+            reason TEXT NOT NULL DEFAULT '',
+            history TEXT NOT NULL DEFAULT '[]',  -- JSON list: one object per attempt
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (queue, idx)
+        ) WITHOUT ROWID""",
+    )),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

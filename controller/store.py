@@ -41,7 +41,7 @@ from typing import (
 
 import protocol
 
-from controller import paths
+from controller import paths, storesql
 from controller.schema import MIGRATIONS, SCHEMA_VERSION, Migration
 from controller.storeerrors import (
     AmbiguousRun,
@@ -238,52 +238,6 @@ def _listing(names: Sequence[str]) -> str:
     return f"{shown} (and {more} more)" if more > 0 else shown
 
 
-_UPSERT_RUN = """
-INSERT INTO runs (run, host, boot_id, protocol_version, package_version, meta, endpoint,
-                  first_seen, last_seen, target, run_dir)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (run) DO UPDATE SET
-    host = CASE WHEN excluded.host != '' THEN excluded.host ELSE runs.host END,
-    boot_id = CASE WHEN excluded.boot_id != '' THEN excluded.boot_id ELSE runs.boot_id END,
-    protocol_version = CASE WHEN excluded.protocol_version != 0
-                            THEN excluded.protocol_version ELSE runs.protocol_version END,
-    package_version = CASE WHEN excluded.package_version != ''
-                           THEN excluded.package_version ELSE runs.package_version END,
-    meta = CASE WHEN excluded.meta != '{}' THEN excluded.meta ELSE runs.meta END,
-    endpoint = CASE WHEN excluded.endpoint != '' THEN excluded.endpoint ELSE runs.endpoint END,
-    target = CASE WHEN excluded.target != '' THEN excluded.target ELSE runs.target END,
-    run_dir = CASE WHEN excluded.run_dir != '' THEN excluded.run_dir ELSE runs.run_dir END,
-    last_seen = excluded.last_seen
-"""
-
-_INSERT_EVENT = """
-INSERT OR IGNORE INTO events (run, seq, ts, kind, sev, host, data, received_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-"""
-
-# The cursor remembers the boot id of the sidecar the run was last heard from.
-_SET_CURSOR = """
-INSERT INTO cursors (run, last_seq, boot_id, updated_at)
-VALUES (?1, ?2, COALESCE((SELECT boot_id FROM runs WHERE run = ?1), ''), ?3)
-ON CONFLICT (run) DO UPDATE SET
-    last_seq = excluded.last_seq, boot_id = excluded.boot_id, updated_at = excluded.updated_at
-"""
-
-_RUNS = """
-SELECT r.run AS run, r.host, r.boot_id, r.protocol_version, r.package_version, r.meta,
-       r.endpoint, r.first_seen, r.last_seen AS last_seen, COALESCE(c.last_seq, 0), c.updated_at,
-       r.target, r.run_dir
-FROM runs AS r LEFT JOIN cursors AS c ON c.run = r.run
-UNION ALL
-SELECT c.run, '', c.boot_id, 0, '', '{}', '', c.updated_at, c.updated_at, c.last_seq, c.updated_at,
-       '', ''
-FROM cursors AS c WHERE c.run NOT IN (SELECT run FROM runs)
-ORDER BY last_seen DESC, run
-"""
-
-_RUN_FIELDS = ("run", "host", "boot_id", "protocol_version", "package_version", "meta",
-               "endpoint", "first_seen", "last_seen", "last_seq", "cursor_updated_at", "target",
-               "run_dir")
 
 
 class Store:
@@ -338,7 +292,7 @@ class Store:
         means "not known now" and keeps the stored value.
         """
         now = self._clock()
-        self._conn.execute(_UPSERT_RUN, (
+        self._conn.execute(storesql.UPSERT_RUN, (
             run, host, boot_id, protocol_version, package_version,
             _dump(meta, f"meta of run {run!r}"), endpoint, now, now, target, run_dir,
         ))
@@ -369,10 +323,28 @@ class Store:
         with _transaction(conn):
             before = conn.total_changes
             if rows:
-                conn.executemany(_INSERT_EVENT, rows)
+                conn.executemany(storesql.INSERT_EVENT, rows)
             added = conn.total_changes - before
-            conn.execute(_SET_CURSOR, (run, cursor, now))
+            conn.execute(storesql.SET_CURSOR, (run, cursor, now))
         return added
+
+    @_sql
+    def set_lineage(self, run: str, *, resumed_from: Optional[str] = None, group_run: Optional[str] = None,
+                    node: Optional[str] = None) -> None:
+        """Tie a recorded run to the run it resumes, or to its multi-node group; None keeps a field."""
+        for column, value in (("resumed_from", resumed_from), ("group_run", group_run), ("node", node)):
+            if value is not None:
+                self._conn.execute(f"UPDATE runs SET {column} = ? WHERE run = ?", (value, run))
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """The connection inside BEGIN IMMEDIATE ... COMMIT, for a module that owns its own
+        tables (controller/queue.py); sqlite3 errors become StoreErrors."""
+        try:
+            with _transaction(self._conn) as conn:
+                yield conn
+        except sqlite3.Error as e:
+            raise translate(e, self.path, BUSY_TIMEOUT_S) from e
 
     @_sql
     def record_gap(self, run: str, first_seq: int, last_seq: int, reason: str) -> None:
@@ -437,12 +409,13 @@ class Store:
 
         Keys: run, host, boot_id, protocol_version, package_version, meta (a
         dict), endpoint, first_seen, last_seen, last_seq (the cursor),
-        cursor_updated_at (None before the first apply), target, run_dir. A run that only ever
-        had apply() calls shows with empty host and metadata.
+        cursor_updated_at (None before the first apply), target, run_dir, resumed_from (the run
+        this one continues), group_run and node (a multi-node run's node stream). A run that only
+        ever had apply() calls shows with empty host and metadata.
         """
         out = []
-        for row in self._conn.execute(_RUNS).fetchall():
-            item = dict(zip(_RUN_FIELDS, row))
+        for row in self._conn.execute(storesql.RUNS).fetchall():
+            item = dict(zip(storesql.RUN_FIELDS, row))
             item["meta"] = _load(item["meta"])
             out.append(item)
         return out

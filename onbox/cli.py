@@ -210,6 +210,19 @@ _root_option = click.option(
               help="The dead-man holds while a run's metrics, train.log or checkpoints changed within this.")
 @click.option("--max-hours", type=click.FloatRange(min=0, min_open=True), default=None,
               help="A hard budget for the dead-man: act after this many hours whatever the runs do.")
+@click.option("--node", default=None, metavar="NAME|auto",
+              help="Multi-node: this is node NAME of --run-id (auto: from SLURM_NODEID, "
+                   "JOB_COMPLETION_INDEX or NODE_RANK). Its stream is <run-id>.<node>.")
+@click.option("--preempt-grace", "preempt_grace_s", type=click.FloatRange(min=0), default=None,
+              metavar="SECONDS", help="Grace a preemption gives (default: the profile's [spot] grace_s).")
+@click.option("--resume-from", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Resume from this checkpoint (pushed by `rgt resume`): hashed, recorded, RGT_RESUME_FROM.")
+@click.option("--resume-sha256", default=None, metavar="HEX",
+              help="The SHA-256 the --resume-from file must have; refused when it differs.")
+@click.option("--resume-step", type=click.IntRange(min=0), default=None,
+              help="The step of --resume-from: a job that starts far below it is train.restarted_from_zero.")
+@click.option("--resumes", default=None, metavar="RUN",
+              help="The run this one continues (recorded in run.json).")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object: run_id, run_dir, pid, sidecar_supervisor_pid, ...")
 @click.option("--probe", default="auto", hidden=True, metavar="auto|none|fake:SCENARIO",
@@ -225,7 +238,9 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
            expected_steps: Optional[int], expected_seconds: Optional[float],
            stale_after_s: Optional[float], no_preflight: bool, min_free: str, ckpt_copies: float,
            sidecar_linger: str, deadman_ttl: str, deadman_idle: str, max_hours: Optional[float],
-           as_json: bool, probe: str, preflight_seconds: float,
+           node: Optional[str], preempt_grace_s: Optional[float], resume_from: Optional[Path],
+           resume_sha256: Optional[str], resume_step: Optional[int], resumes: Optional[str], as_json: bool,
+           probe: str, preflight_seconds: float,
            serve_args: Tuple[str, ...], command: Tuple[str, ...]) -> None:
     """Start COMMAND detached, with its sidecar, and return.
 
@@ -261,7 +276,8 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
         preflight=not no_preflight, preflight_s=preflight_seconds, probe=probe,
         min_free_bytes=min_free_bytes, ckpt_copies=ckpt_copies, sidecar_linger_s=linger_s,
         serve_args=list(serve_args), watch=watch, deadman_ttl_s=ttl_s, deadman_idle_s=idle_s,
-        deadman_max_hours=max_hours)
+        deadman_max_hours=max_hours, node=node, preempt_grace_s=preempt_grace_s, resume_from=resume_from,
+        resume_sha256=resume_sha256, resume_step=resume_step, resumes=resumes)
     code = run_launch(opts, as_json, sys.stdout, sys.stderr)
     if code:
         raise click.exceptions.Exit(code)

@@ -60,6 +60,7 @@ from onbox.launchgates import (
     newest_checkpoint,
     run_preflight,
 )
+from onbox.nodes import NodeError, identify, stream_id
 from onbox.redact import contains_secret, is_secret_name, redact_argv, redact_text, secret_values
 from onbox.runs import (
     SAFE_ID,
@@ -76,7 +77,7 @@ from onbox.runs import (
 )
 from onbox.secrets import maskable, read_secrets
 
-RESERVED_ENV = ("RGT_RUN_ID", "RGT_RUN_DIR", "RGT_CKPT_DIR", "RGT_METRICS", "RGT_RESUME_FROM",
+RESERVED_ENV = ("RGT_RUN_ID", "RGT_RUN_DIR", "RGT_CKPT_DIR", "RGT_METRICS", "RGT_RESUME_FROM", "RGT_NODE",
                 "RGT_DURABLE_DIR")
 START_TIMEOUT_S = 15.0
 RETIRE_TIMEOUT_S = 15.0
@@ -113,6 +114,15 @@ class LaunchOptions:
     deadman_ttl_s: Optional[float] = None
     deadman_idle_s: float = 30 * 60.0
     deadman_max_hours: Optional[float] = None
+    # Multi-node (onbox/nodes.py): this launch is node NODE of run `run_id`; "auto" reads the scheduler.
+    node: Optional[str] = None
+    # Seconds a preemption leaves between SIGTERM and SIGKILL; default: the profile's [spot] grace_s.
+    preempt_grace_s: Optional[float] = None
+    # `rgt resume`: a checkpoint pushed from another box, its SHA-256 and step, and the run it continues.
+    resume_from: Optional[Path] = None
+    resume_sha256: Optional[str] = None
+    resume_step: Optional[int] = None
+    resumes: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -129,6 +139,8 @@ class LaunchResult:
     preflight: str = "skipped"
     warnings: List[str] = dataclasses.field(default_factory=list)
     secrets: List[str] = dataclasses.field(default_factory=list)   # names of the secrets exported
+    group: Optional[str] = None                                    # multi-node: the logical run id
+    node: Optional[str] = None
 
     @property
     def train_log(self) -> Path:
@@ -139,7 +151,8 @@ class LaunchResult:
                 "sidecar_supervisor_pid": self.sidecar_supervisor_pid, "project": self.project,
                 "job_pid": self.job_pid, "attempt": self.attempt, "train_log": str(self.train_log),
                 "resume_from": str(self.resume_from) if self.resume_from else None,
-                "preflight": self.preflight, "warnings": self.warnings, "secrets": self.secrets}
+                "preflight": self.preflight, "warnings": self.warnings, "secrets": self.secrets,
+                "group": self.group, "node": self.node}
 
 
 @dataclasses.dataclass
@@ -155,6 +168,9 @@ class _Plan:
     secrets: List[str]
     existing: bool
     profile_record: Optional[Dict[str, object]] = None   # what --profile applied (run.json)
+    group: Optional[str] = None                          # multi-node: the logical run id
+    node: Optional[str] = None
+    nodes: Optional[int] = None
     secret_env: Dict[str, str] = dataclasses.field(default_factory=dict)  # the box's secrets, for the job
     notes: List[str] = dataclasses.field(default_factory=list)            # warnings found while planning
 
@@ -206,6 +222,16 @@ def _plan(opts: LaunchOptions, environ: Mapping[str, str]) -> _Plan:
     root = root.resolve()
     cwd = Path(opts.cwd or os.getcwd()).resolve()
     run_id = _checked(opts.run_id, "run id") if opts.run_id else new_run_id()
+    group, node, nodes = None, None, None
+    if opts.node:
+        if not opts.run_id:
+            raise LaunchUsageError("--node needs --run-id: every node of the run must name the same run",
+                                   "rgt-onbox launch --run-id RUN --node auto -- ...")
+        try:
+            node, nodes = identify(opts.node, environ)
+        except NodeError as e:
+            raise LaunchUsageError(str(e)) from e
+        group, run_id = run_id, _checked(stream_id(run_id, node), "run id")
     project = _checked(opts.project, "project") if opts.project else None
     if project is None and opts.run_id:
         found = sorted(p.parent.parent.name for p in root.glob(f"*/active/{run_id}") if p.is_dir())
@@ -227,7 +253,7 @@ def _plan(opts: LaunchOptions, environ: Mapping[str, str]) -> _Plan:
                  else paths.run_dir / "metrics.jsonl",
                  durable_dir=Path(opts.durable_dir).expanduser().resolve() if opts.durable_dir else None,
                  env_set=env_set, secrets=found_secrets, existing=paths.run_dir.exists(),
-                 secret_env=secret_env, notes=notes)
+                 secret_env=secret_env, notes=notes, group=group, node=node, nodes=nodes)
 
 
 # ---- the run directory --------------------------------------------------------------------------
@@ -307,15 +333,25 @@ def _apply_profile(profile: Optional[profiles.Profile], opts: LaunchOptions, env
     return applied.argv, applied.notes
 
 
+def _preempt_grace(opts: LaunchOptions, profile: Optional[profiles.Profile]) -> Optional[float]:
+    """What the wrapper records as the grace a preemption gave (job.preempted): --preempt-grace,
+    else the profile's [spot] grace_s, else unknown."""
+    if opts.preempt_grace_s is not None:
+        return opts.preempt_grace_s
+    return profile.spot.grace_s if profile is not None else None
+
+
 def _job_env(plan: _Plan, environ: Mapping[str, str], resume: Optional[Path]) -> Dict[str, str]:
     env = {k: v for k, v in environ.items() if k not in RESERVED_ENV}
     env.update(plan.secret_env)
     env.update(plan.env_set)
-    env.update({"RGT_RUN_ID": plan.run_id, "RGT_RUN_DIR": str(plan.paths.run_dir),
+    env.update({"RGT_RUN_ID": plan.group or plan.run_id, "RGT_RUN_DIR": str(plan.paths.run_dir),
                 "RGT_CKPT_DIR": str(plan.ckpt_dir), "RGT_METRICS": str(plan.metrics),
                 "PYTHONUNBUFFERED": "1"})
     if resume is not None:
         env["RGT_RESUME_FROM"] = str(resume)
+    if plan.node is not None:
+        env["RGT_NODE"] = plan.node
     if plan.durable_dir is not None:
         env["RGT_DURABLE_DIR"] = str(plan.durable_dir)
     return env
@@ -337,6 +373,7 @@ def _run_json(plan: _Plan, opts: LaunchOptions, display: List[str], env: Mapping
         "resume_from": str(resume) if resume else None, "preflight": preflight,
         "profile_applied": plan.profile_record, "secrets": sorted(plan.secret_env),  # names only
         "package_version": PACKAGE_VERSION,
+        "group": plan.group, "node": plan.node, "nodes": plan.nodes,
         # Only the lease settings this launch asked for; the lease itself is ~/.rgt/deadman.json.
         "deadman": None if opts.deadman_ttl_s is None else {
             "ttl_s": opts.deadman_ttl_s, "idle_s": opts.deadman_idle_s, "max_hours": opts.deadman_max_hours},
@@ -476,7 +513,8 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
         preflight = str(report.get("result")) if report else "skipped"
         write_atomic(plan.paths.run_json, _run_json(plan, opts, display, env, attempt, resume, preflight))
         spec = {"argv": argv, "cwd": str(plan.cwd), "env": env, "display": shlex.join(display),
-                "run_id": plan.run_id, "attempt": attempt}
+                "run_id": plan.run_id, "attempt": attempt,
+                "preempt_grace_s": _preempt_grace(opts, profile)}
         job = _start_job(plan, spec, environ, python)
         assert job.wrapper is not None
         sup_pid, warnings = (_start_supervisor(plan, opts, job.wrapper.pid, environ, python)
@@ -499,7 +537,7 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
                         sidecar_supervisor_pid=sup_pid, attempt=attempt, command=display,
                         resume_from=resume, preflight=preflight,
                         warnings=[redact_text(w, plan.secrets) for w in warnings],
-                        secrets=sorted(plan.secret_env))
+                        secrets=sorted(plan.secret_env), group=plan.group, node=plan.node)
 
 
 def render_launch(result: LaunchResult, as_json: bool, out: IO[str]) -> None:

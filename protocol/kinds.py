@@ -45,6 +45,8 @@ _k("job.started", "info", "the training job started")
 _k("job.exited", "warn", "the training job exited (code, signal, oom_killed)")
 _k("job.stalled", "warn", "no progress past the stall budget (verdict: hung, idle)")
 _k("job.progressing", "info", "progress resumed after a stall")
+_k("job.preempted", "warn", "the job was told to stop by someone else than rgt (a spot reclaim); grace_s")
+_k("job.rank_failed", "critical", "one node's job exited while the other nodes of the run wait on it")
 
 # Training signals.
 _k("train.nonfinite", "critical", "a loss or watched scalar is NaN or Inf")

@@ -89,7 +89,7 @@ def test_loose_database_file_is_tightened(home: Path) -> None:
 def test_fresh_store_is_wal_at_the_newest_schema(db: Store) -> None:
     conn = sqlite3.connect(db.path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         conn.close()
@@ -332,6 +332,7 @@ def test_upsert_run_keeps_first_seen_and_known_fields(home: Path) -> None:
             "package_version": "0.1.0", "meta": {"cmd": "python train.py"},
             "endpoint": "ipc:///tmp/x", "first_seen": 100.0, "last_seen": 200.0,
             "last_seq": 0, "cursor_updated_at": None, "target": "", "run_dir": "",
+            "resumed_from": "", "group_run": "", "node": "",
         }
         s.upsert_run(RUN, host="", target="box", run_dir="/r/x")  # rgt launch knows these first
         s.upsert_run(RUN, host="box1")
@@ -461,3 +462,24 @@ def test_wakes_policies_and_shown_notices_are_remembered(home: Path) -> None:
         s.set_policy("*", {"min_sev": "critical"})
         assert (s.policy(RUN), s.policy("*")) == ({"mute": ["gpu.throttle"]}, {"min_sev": "critical"})
         assert s.mark_shown("profile:autodl") and not s.mark_shown("profile:autodl")
+
+
+def test_lineage_ties_a_run_to_its_resume_and_group(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "s.db") as s:
+        s.upsert_run("b", host="", target="h2", run_dir="/r/b")
+        s.set_lineage("b", resumed_from="a")
+        s.set_lineage("b", group_run="g", node="n1")
+        s.set_lineage("b", resumed_from=None)  # None keeps what is there
+        run = s.run("b")
+        assert (run["resumed_from"], run["group_run"], run["node"]) == ("a", "g", "n1")
+
+
+def test_transaction_rolls_back_on_error(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "s.db") as s:
+        with pytest.raises(RuntimeError):
+            with s.transaction() as conn:
+                conn.execute("INSERT INTO queues (name, hosts, created_at, updated_at) "
+                             "VALUES ('q', '[]', 1, 1)")
+                raise RuntimeError("boom")
+        with s.transaction() as conn:
+            assert conn.execute("SELECT COUNT(*) FROM queues").fetchone()[0] == 0
