@@ -223,6 +223,11 @@ _root_option = click.option(
               help="The step of --resume-from: a job that starts far below it is train.restarted_from_zero.")
 @click.option("--resumes", default=None, metavar="RUN",
               help="The run this one continues (recorded in run.json).")
+@click.option("--wait", is_flag=True,
+              help="Stay until the job ends and exit with its status, passing SIGTERM on "
+                   "(srun, a container's command).")
+@click.option("--no-sidecar", is_flag=True,
+              help="Start no sidecar here: one runs elsewhere (a Kubernetes sidecar container).")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object: run_id, run_dir, pid, sidecar_supervisor_pid, ...")
 @click.option("--probe", default="auto", hidden=True, metavar="auto|none|fake:SCENARIO",
@@ -239,7 +244,8 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
            stale_after_s: Optional[float], no_preflight: bool, min_free: str, ckpt_copies: float,
            sidecar_linger: str, deadman_ttl: str, deadman_idle: str, max_hours: Optional[float],
            node: Optional[str], preempt_grace_s: Optional[float], resume_from: Optional[Path],
-           resume_sha256: Optional[str], resume_step: Optional[int], resumes: Optional[str], as_json: bool,
+           resume_sha256: Optional[str], resume_step: Optional[int], resumes: Optional[str], wait: bool,
+           no_sidecar: bool, as_json: bool,
            probe: str, preflight_seconds: float,
            serve_args: Tuple[str, ...], command: Tuple[str, ...]) -> None:
     """Start COMMAND detached, with its sidecar, and return.
@@ -277,8 +283,8 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
         min_free_bytes=min_free_bytes, ckpt_copies=ckpt_copies, sidecar_linger_s=linger_s,
         serve_args=list(serve_args), watch=watch, deadman_ttl_s=ttl_s, deadman_idle_s=idle_s,
         deadman_max_hours=max_hours, node=node, preempt_grace_s=preempt_grace_s, resume_from=resume_from,
-        resume_sha256=resume_sha256, resume_step=resume_step, resumes=resumes)
-    code = run_launch(opts, as_json, sys.stdout, sys.stderr)
+        resume_sha256=resume_sha256, resume_step=resume_step, resumes=resumes, sidecar=not no_sidecar)
+    code = run_launch(opts, as_json, sys.stdout, sys.stderr, wait=wait)
     if code:
         raise click.exceptions.Exit(code)
 

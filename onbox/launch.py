@@ -83,7 +83,7 @@ START_TIMEOUT_S = 15.0
 RETIRE_TIMEOUT_S = 15.0
 # Per-attempt records that move to rgt/attempts/<n>/ when a run is launched again.
 ATTEMPT_FILES = ("exit.json", "stop.json", "job.json", "job.pid", "preflight.json", "supervisor.json",
-                 "supervisor.pid", "job.announced", "job.exit_reported")
+                 "supervisor.pid", "job.announced", "job.exit_reported", "preempt.json", "preempt.reported")
 
 
 
@@ -560,9 +560,10 @@ def render_launch(result: LaunchResult, as_json: bool, out: IO[str]) -> None:
         out.write(f"  {name:<10} {value}\n")
 
 
-def run_launch(opts: LaunchOptions, as_json: bool, stdout: IO[str], stderr: IO[str],
+def run_launch(opts: LaunchOptions, as_json: bool, stdout: IO[str], stderr: IO[str], wait: bool = False,
                **kwargs: Any) -> int:
-    """The CLI body: launch, print the result (or `error:`/`hint:` lines), return the exit code."""
+    """The CLI body: launch, print the result (or `error:`/`hint:` lines), return the exit code;
+    with `wait`, the job's own exit status once it ended (onbox/launchwait.py)."""
     try:
         result = launch(opts, **kwargs)
     except (LaunchError, OSError) as e:
@@ -576,6 +577,11 @@ def run_launch(opts: LaunchOptions, as_json: bool, stdout: IO[str], stderr: IO[s
     render_launch(result, as_json, stdout)
     for warning in result.warnings:
         stderr.write(f"warning: {warning}\n")
+    if wait:
+        stdout.flush()
+        from onbox.launchwait import wait_for_job
+
+        return wait_for_job(result.run_dir, result.pid, sidecar=opts.sidecar)
     if not as_json:
         stderr.write(f"hint: follow it: tail -f {result.train_log}; stop it: rgt-onbox stop "
                      f"{result.project}/{result.run_id}\n")

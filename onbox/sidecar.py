@@ -43,6 +43,7 @@ from .fsutil import write_json_atomic
 from .jobs import FunctionJob, PeriodicJob, Scheduler
 from .journal import Journal
 from .monitor import HealthMonitor, MonitorConfig
+from .preempt import PreemptWatch
 from .pullmanifest import MANIFEST_REL, ManifestError, build_manifest, save_manifest
 from .settings import custody_config, load_watch, training_config
 from .sources import process
@@ -124,6 +125,7 @@ class Sidecar:
         self.custody = CustodyMonitor(custody_config(self.run_dir, watch), self.emit,
                                       on_commit=self.training.note_checkpoint)
         self.deadman = DeadmanFeed(self.rgt_dir, self.emit)
+        self.preempt = PreemptWatch(self.rgt_dir, self.emit, self._flush_custody)
 
     # ---- life -------------------------------------------------------------
 
@@ -287,7 +289,13 @@ class Sidecar:
             *self.training.jobs(),
             *self.custody.jobs(),
             *self.deadman.jobs(),
+            self.preempt,
         ]
+
+    def _flush_custody(self, timeout_s: float) -> None:
+        """Hash what the job just wrote (a checkpoint saved in a preemption's grace) before going on."""
+        self.custody.sweep_tick()
+        self.custody.wait_idle(timeout_s)
 
     def _heartbeat(self) -> None:
         data: Dict[str, Any] = {"boot_id": self.boot_id, "interval_s": self.config.heartbeat_s,

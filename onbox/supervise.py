@@ -9,7 +9,9 @@ command appears in its own command line or environment. It appends a header to t
 job in a session and process group of its own (stdin /dev/null, stdout+stderr appended to train.log),
 writes rgt/job.json (wrapper and job pid + start time), waits, and writes rgt/exit.json (code, signal;
 tmp + rename) before it exits with the job's status. SIGTERM/SIGINT sent to the wrapper are passed
-on to the job's process group; SIGHUP is ignored. It lowers its own OOM score where allowed, so the
+on to the job's process group; when rgt did not ask for the stop (no rgt/stop.json) the wrapper
+first writes rgt/preempt.json and the exit record says `preempted` (onbox/preempt.py). SIGHUP is
+ignored. It lowers its own OOM score where allowed, so the
 kernel never picks the small wrapper instead of the job.
 
 **The supervisor** (`sidecar`) keeps one `rgt-onbox serve --run-dir RUN --pid WRAPPER_PID` running,
@@ -44,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from onbox.preempt import preemption, record_preemption
 from onbox.runs import ProcRef, RunPaths, boot_id, read_json, utc_iso, write_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -122,9 +125,12 @@ def run_job(run_dir: Path, spec: Dict[str, Any]) -> int:
     """Start the job, record it, wait for it, record its exit; returns the wrapper's exit status."""
     paths = RunPaths(run_dir)
     running: List[subprocess.Popen] = []  # type: ignore[type-arg]
+    grace = spec.get("preempt_grace_s")
+    grace_s = float(grace) if isinstance(grace, (int, float)) and not isinstance(grace, bool) else None
 
     def forward(signum: int, _frame: Any) -> None:  # to the job's group, while it is ours to signal
         if running and running[0].returncode is None:
+            record_preemption(paths.rgt, signum, grace_s, running[0].pid)  # unless rgt asked (stop.json)
             try:
                 os.killpg(running[0].pid, signum)
             except OSError:
@@ -153,6 +159,10 @@ def run_job(run_dir: Path, spec: Dict[str, Any]) -> int:
     _lower_oom_score()
     rc = proc.wait()
     doc = _exit_doc(rc, proc.pid, started, paths.stop_json.exists(), oom_before)
+    preempt = preemption(paths.rgt)
+    if preempt is not None:
+        doc.update(preempted=True, preempt=preempt,
+                   preempt_to_exit_s=round(max(0.0, time.time() - float(preempt.get("ts") or 0)), 3))
     write_json_atomic(paths.exit_json, doc)
     what = f"code {doc['code']}" if doc["signal"] is None else f"signal {doc['signal']}"
     what += " (killed by the kernel's OOM killer)" if doc["oom_killed"] else ""

@@ -1,7 +1,8 @@
 """The job's end: exited (with the launcher's exit record) or vanished (without one).
 
 Fed one observation per poll: whether the job still runs, the launcher's exit record when one
-exists (<run>/rgt/exit.json: ``{"code": int|null, "signal": int|null, "oom_killed": bool}``), and
+exists (<run>/rgt/exit.json: ``{"code": int|null, "signal": int|null, "oom_killed": bool,
+"preempted": bool}``), and
 the cgroup's oom_kill counter. Reports `job.exited` exactly once:
 
 - with the record: its code/signal; `oom_killed` when the record says so, or when the oom_kill
@@ -24,6 +25,7 @@ class ExitRecord:
     code: Optional[int]
     signal: Optional[int]
     oom_killed: bool = False
+    preempted: bool = False   # the wrapper got a SIGTERM rgt did not send (onbox/preempt.py)
 
 
 def parse_exit_record(text: str) -> Optional[ExitRecord]:
@@ -39,7 +41,8 @@ def parse_exit_record(text: str) -> Optional[ExitRecord]:
         value = doc.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
-    return ExitRecord(_int("code"), _int("signal"), doc.get("oom_killed") is True)
+    return ExitRecord(_int("code"), _int("signal"), doc.get("oom_killed") is True,
+                      doc.get("preempted") is True)
 
 
 class JobDetector:
@@ -90,8 +93,11 @@ class JobDetector:
     def _from_record(self, record: ExitRecord) -> Dict[str, Any]:
         delta = self.oom_delta
         oom = record.oom_killed or (bool(delta) and record.code != 0)
-        return {"code": record.code, "signal": record.signal, "oom_killed": oom,
-                "vanished": False, "oom_kill_delta": delta}
+        out = {"code": record.code, "signal": record.signal, "oom_killed": oom,
+               "vanished": False, "oom_kill_delta": delta}
+        if record.preempted:
+            out["preempted"] = True
+        return out
 
     def _vanished(self) -> Dict[str, Any]:
         delta = self.oom_delta

@@ -1,0 +1,93 @@
+"""Preemption: a SIGTERM that rgt did not send, recorded by the wrapper and journaled by the sidecar.
+
+A spot reclaim, a Slurm preemption or time limit, or a Kubernetes eviction stops a job with
+SIGTERM and, a grace later, SIGKILL. `rgt-onbox stop` writes rgt/stop.json before it signals,
+so a SIGTERM that reaches the job wrapper without one came from someone else. The wrapper then
+writes rgt/preempt.json (record_preemption) before passing the signal on, and the exit record
+says `preempted`.
+
+The sidecar's PreemptWatch sees the file within a tick, first saves what the job may have just
+written (a custody sweep hashes a checkpoint saved in the grace window, and each custody record
+is fsync'd), then journals `job.preempted` at warn, which the journal fsyncs at once together
+with every line before it. A marker keeps a restarted sidecar from reporting it twice.
+
+A silent pause (vast.ai outbids an instance and freezes it, no signal) cannot be seen from the
+box; the controller reports it as the link and the heartbeats going away (link.lost,
+sidecar.silent).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from onbox.runs import read_json, utc_iso, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+PREEMPT_FILE = "preempt.json"
+REPORTED_FILE = "preempt.reported"
+FLUSH_WAIT_S = 2.0   # at most this long for custody to settle before job.preempted is journaled
+
+Emit = Callable[[str, Optional[Mapping[str, Any]], Optional[str]], Any]
+
+
+def record_preemption(rgt_dir: Path, signum: int, grace_s: Optional[float], job_pid: Optional[int]) -> bool:
+    """Called by the job wrapper on SIGTERM/SIGINT: write preempt.json unless this is rgt's own
+    stop (stop.json exists) or it was already written. True when this call wrote it."""
+    if (rgt_dir / "stop.json").exists() or (rgt_dir / PREEMPT_FILE).exists():
+        return False
+    doc = {"signal": signum, "at": utc_iso(), "ts": time.time(), "grace_s": grace_s, "pid": job_pid}
+    try:
+        write_json_atomic(rgt_dir / PREEMPT_FILE, doc)
+    except OSError as e:  # a full disk must not keep the signal from reaching the job
+        log.warning("could not record the preemption: %s", e)
+        return False
+    return True
+
+
+def preemption(rgt_dir: Path) -> Optional[Dict[str, Any]]:
+    """The preemption record of this attempt, or None."""
+    doc = read_json(rgt_dir / PREEMPT_FILE)
+    return doc if isinstance(doc, dict) else None
+
+
+class PreemptWatch:
+    """Journals `job.preempted` once per attempt, after flushing custody (`flush(timeout_s)`)."""
+
+    name = "preempt"
+    interval_s = 0.2
+
+    def __init__(self, rgt_dir: Path, emit: Emit, flush: Callable[[float], Any]) -> None:
+        self.rgt_dir = Path(rgt_dir)
+        self._emit = emit
+        self._flush = flush
+        self._done = (self.rgt_dir / REPORTED_FILE).exists()
+
+    def run(self) -> None:
+        if self._done:
+            return
+        doc = preemption(self.rgt_dir)
+        if doc is None:
+            return
+        self._done = True
+        try:
+            self._flush(FLUSH_WAIT_S)
+        except Exception:  # the report matters more than the flush
+            log.exception("flushing before job.preempted failed")
+        grace = doc.get("grace_s")
+        data = {"signal": doc.get("signal"), "at": doc.get("at"), "pid": doc.get("pid"),
+                "grace_s": grace, "by": "a SIGTERM rgt did not send (spot reclaim, scheduler, eviction)"}
+        self._emit("job.preempted", data, "warn")
+        try:
+            fd = os.open(self.rgt_dir / REPORTED_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.write(fd, (json.dumps({"at": doc.get("at")}) + "\n").encode())
+            os.close(fd)
+        except OSError as e:
+            log.warning("could not write %s: %s", REPORTED_FILE, e)
+
+
+__all__ = ["PREEMPT_FILE", "PreemptWatch", "preemption", "record_preemption"]
