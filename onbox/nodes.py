@@ -10,6 +10,7 @@ the streams back together.
 
     SLURM_NODEID          srun --ntasks-per-node=1 (Slurm)         -> n0, n1, ...
     JOB_COMPLETION_INDEX  an Indexed Job (Kubernetes)              -> n0, n1, ...
+    SKYPILOT_NODE_RANK    a SkyPilot task with num_nodes > 1       -> n0, n1, ...
     NODE_RANK, GROUP_RANK torchrun / a launcher that sets them     -> n0, n1, ...
 
 and the node count from SLURM_NNODES, RGT_NODES or WORLD_NODES when one is set.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Mapping, Optional, Tuple
 
-INDEX_VARS = ("SLURM_NODEID", "JOB_COMPLETION_INDEX", "NODE_RANK", "GROUP_RANK")
+INDEX_VARS = ("SLURM_NODEID", "JOB_COMPLETION_INDEX", "SKYPILOT_NODE_RANK", "NODE_RANK", "GROUP_RANK")
 COUNT_VARS = ("SLURM_NNODES", "RGT_NODES", "WORLD_NODES")
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 
