@@ -1,0 +1,124 @@
+"""Preemption: a SIGTERM rgt did not send is recorded by the wrapper and journaled by the sidecar;
+`rgt-onbox launch --wait` stays until the job ends and passes the signal on."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator, List, Mapping, Optional, Tuple
+
+import pytest
+
+from onbox.journal import read_all
+from onbox.preempt import PREEMPT_FILE, PreemptWatch, preemption, record_preemption
+from onbox.runs import read_json
+from tests.helpers import REPO, wait_until
+from tests.onbox.test_launch import WAIT_GO, Rig, py
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    r = Rig(tmp_path)
+    try:
+        yield r
+    finally:
+        r.end()
+
+
+def test_record_is_written_once_and_never_for_rgts_own_stop(tmp_path: Path) -> None:
+    assert record_preemption(tmp_path, signal.SIGTERM, 5.0, 123)
+    first = preemption(tmp_path)
+    assert first is not None and (first["signal"], first["grace_s"], first["pid"]) == (15, 5.0, 123)
+    assert not record_preemption(tmp_path, signal.SIGTERM, 5.0, 123)  # a second SIGTERM changes nothing
+    assert preemption(tmp_path) == first
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "stop.json").write_text("{}")
+    assert not record_preemption(stopped, signal.SIGTERM, None, 1)
+    assert preemption(stopped) is None
+
+
+def test_watch_flushes_then_reports_once_across_restarts(tmp_path: Path) -> None:
+    calls: List[Tuple[str, Any]] = []
+
+    def emit(kind: str, data: Optional[Mapping[str, Any]], sev: Optional[str]) -> None:
+        calls.append((kind, dict(data or {}), sev))
+
+    watch = PreemptWatch(tmp_path, emit, lambda timeout_s: calls.append(("flush", timeout_s)))
+    watch.run()
+    assert calls == []  # nothing to report yet
+    record_preemption(tmp_path, signal.SIGTERM, 30.0, 77)
+    watch.run()
+    watch.run()
+    assert [c[0] for c in calls] == ["flush", "job.preempted"]
+    kind, data, sev = calls[1]
+    assert sev == "warn" and data["grace_s"] == 30.0 and data["signal"] == 15 and data["pid"] == 77
+    again = PreemptWatch(tmp_path, emit, lambda timeout_s: calls.append(("flush", timeout_s)))
+    again.run()  # a restarted sidecar: already reported
+    assert len(calls) == 2
+
+
+def kinds(run_dir: Path) -> List[str]:
+    return [e["kind"] for e in read_all(run_dir / "rgt")]
+
+
+def test_sigterm_to_the_wrapper_is_a_preemption_with_its_grace(rig: Rig) -> None:
+    result = rig.launch(py(WAIT_GO), preempt_grace_s=5.0)
+    wait_until(lambda: "job.started" in kinds(result.run_dir), 20, "job.started")
+    os.kill(result.pid, signal.SIGTERM)  # what a spot reclaim or a scheduler does
+    doc = rig.finished(result.run_dir)
+    assert doc["preempted"] is True and doc["signal"] == signal.SIGTERM and doc["stop_requested"] is False
+    assert doc["preempt"]["grace_s"] == 5.0 and doc["preempt_to_exit_s"] >= 0
+    events = read_all(result.run_dir / "rgt")
+    names = [e["kind"] for e in events]
+    assert names.index("job.preempted") < names.index("job.exited")
+    preempted = next(e for e in events if e["kind"] == "job.preempted")
+    exited = next(e for e in events if e["kind"] == "job.exited")
+    assert preempted["sev"] == "warn" and preempted["data"]["grace_s"] == 5.0
+    assert exited["data"]["preempted"] is True and exited["data"]["signal"] == signal.SIGTERM
+
+
+def test_rgts_own_stop_is_not_a_preemption(rig: Rig) -> None:
+    from onbox.runs import stop_run
+
+    result = rig.launch(py(WAIT_GO))
+    wait_until(lambda: "job.started" in kinds(result.run_dir), 20, "job.started")
+    stop_run(result.run_dir, 5.0)
+    doc = rig.finished(result.run_dir)
+    assert doc["stop_requested"] is True and "preempted" not in doc
+    assert not (result.run_dir / "rgt" / PREEMPT_FILE).exists()
+    assert "job.preempted" not in kinds(result.run_dir)
+
+
+def launch_cli(rig: Rig, *command: str) -> "subprocess.Popen[bytes]":
+    argv = [sys.executable, "-m", "onbox.cli", "launch", "--wait", "--json", "--root", str(rig.root),
+            "--project", "p", "--no-preflight", "--probe", "none", "--sidecar-linger", "0",
+            "--serve-arg=--heartbeat", "--serve-arg=1", "--", *command]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(argv, cwd=rig.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_wait_returns_the_jobs_status_after_the_sidecar_reported_it(rig: Rig) -> None:
+    proc = launch_cli(rig, *py("import sys; sys.exit(7)"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 7, err.decode()
+    run_dir = Path(json.loads(out.decode().splitlines()[0])["run_dir"])
+    rig.track(run_dir)
+    assert (run_dir / "rgt" / "job.exit_reported").exists()  # the exit was journaled before return
+    assert "job.exited" in kinds(run_dir)
+
+
+def test_wait_passes_sigterm_on_and_the_run_records_a_preemption(rig: Rig) -> None:
+    proc = launch_cli(rig, *py(WAIT_GO))
+    assert proc.stdout is not None
+    run_dir = Path(json.loads(proc.stdout.readline().decode())["run_dir"])
+    rig.track(run_dir)
+    wait_until(lambda: "job.started" in kinds(run_dir), 20, "job.started")
+    proc.send_signal(signal.SIGTERM)  # a container runtime stopping the pod
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert (read_json(run_dir / "rgt" / "exit.json") or {}).get("preempted") is True
+    assert "job.preempted" in kinds(run_dir)
