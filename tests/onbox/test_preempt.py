@@ -93,7 +93,7 @@ def test_rgts_own_stop_is_not_a_preemption(rig: Rig) -> None:
     assert "job.preempted" not in kinds(result.run_dir)
 
 
-def launch_cli(rig: Rig, *command: str) -> "subprocess.Popen[bytes]":
+def launch_cli(rig: Rig, *command: str) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "onbox.cli", "launch", "--wait", "--json", "--root", str(rig.root),
             "--project", "p", "--no-preflight", "--probe", "none", "--sidecar-linger", "0",
             "--serve-arg=--heartbeat", "--serve-arg=1", "--", *command]
