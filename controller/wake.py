@@ -441,6 +441,8 @@ def _exited(d: Mapping[str, Any], duration: str) -> str:
         head += " (OOM kill counted)" if d.get("oom_killed") else ""
     elif d.get("oom_killed"):
         head = f"the job was OOM-killed (code {code})"
+    elif d.get("preempted"):
+        head = f"the job was preempted: stopped by {signal_name(sig) if sig else 'a signal'} rgt did not send"
     elif sig:
         head = f"the job was killed by signal {signal_name(sig)}"
     elif code == 0 and d.get("final_ok") is not False:
@@ -457,7 +459,8 @@ def _exited(d: Mapping[str, Any], duration: str) -> str:
 def _silent(d: Mapping[str, Any]) -> str:
     silent_s, every = d.get("silent_s"), d.get("heartbeat_interval_s")
     if isinstance(silent_s, (int, float)) and isinstance(every, (int, float)) and every > 0:
-        return f"the link is up but no heartbeat for {silent_s / every:.0f} intervals ({{silent_s}})"
+        return (f"the link is up but no heartbeat for {silent_s / every:.0f} intervals ({{silent_s}}): "
+                "the sidecar or the whole box is frozen (a paused spot instance sends no signal)")
     return "the link is up but no heartbeat arrived"
 
 
@@ -499,6 +502,9 @@ _TEMPLATES: Dict[str, Template] = {
                                    if d.get("source") == "controller"
                                    else "sidecar part {part} is failing: {error}"),
     "deadman.fired": "the dead-man lease expired and its safe action ran",
+    "job.preempted": lambda d: "the job was told to stop by someone else than rgt (preemption), " + (
+        "grace {grace_s} before SIGKILL" if d.get("grace_s") is not None else "grace unknown"),
+    "job.rank_failed": "node {node} exited ({how}) while {waiting} still wait on it",
 }
 
 
@@ -520,6 +526,8 @@ def explain(event: AnyEvent, job_started_at: Optional[float] = None) -> str:
 def next_command(event: AnyEvent) -> str:
     """The command a person or agent should run next, concrete and short."""
     run = printable(shlex.quote(event.run))
+    if event.kind == "job.preempted" or (event.kind == "job.exited" and event.data.get("preempted")):
+        return f"rgt pull {run}, then rgt resume {run} --on HOST"
     if event.kind == "job.exited":
         return f"rgt status {run}, then rgt pull {run}"
     for prefix in ("train.", "gpu.", "ckpt.", "sidecar.degraded"):

@@ -73,7 +73,8 @@ def test_sidecar_silent_wakes_and_its_clear_does_not() -> None:
     w = classify(local("sidecar.silent", state="onset", silent_s=95.0, heartbeat_interval_s=30.0),
                  P, NOW, {})
     assert w is not None and w.key == "local:4"
-    assert w.explain == "the link is up but no heartbeat for 3 intervals (95 s)"
+    assert w.explain.startswith("the link is up but no heartbeat for 3 intervals (95 s): ")
+    assert "paused spot instance" in w.explain
     assert w.event["seq"] is None and w.event["id"] == 4 and w.event["origin"] == "controller"
     assert classify(local("sidecar.silent", "info", state="cleared"), P, NOW, {}) is None
     # material even when the policy asks for critical only: the controller's own signal
@@ -291,3 +292,17 @@ def test_envelope_is_json_with_non_finite_values_as_on_the_wire() -> None:
     text = json.dumps(w.event, allow_nan=False)
     assert json.loads(text)["data"]["value"] == "nan"
     assert w.explain.startswith("loss is NaN")
+
+
+def test_a_preemption_wakes_and_points_at_resume() -> None:
+    w = classify(ev("job.preempted", signal=15, grace_s=5, pid=9), P, NOW, {})
+    assert w is not None and "grace 5 s before SIGKILL" in w.explain
+    assert wake.next_command(ev("job.preempted")) == f"rgt pull {RUN}, then rgt resume {RUN} --on HOST"
+    exited = ev("job.exited", code=None, signal=15, oom_killed=False, vanished=False, preempted=True)
+    assert "preempted" in wake.explain(exited)
+    assert "rgt resume" in wake.next_command(exited)
+
+
+def test_a_failed_rank_wakes_naming_the_node() -> None:
+    w = classify(local("job.rank_failed", "critical", node="n1", how="code 1", waiting="n0"), P, NOW, {})
+    assert w is not None and w.explain == "node n1 exited (code 1) while n0 still wait on it"
