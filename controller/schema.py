@@ -120,7 +120,7 @@ MIGRATIONS: Tuple[Migration, ...] = (
             queue TEXT NOT NULL,
             idx INTEGER NOT NULL,
             command TEXT NOT NULL,  -- JSON list (argv)
-            state TEXT NOT NULL,  -- pending | running | done | failed | retrying
+            state TEXT NOT NULL,  -- pending | launching | running | retrying | done | failed | cancelled
             attempts INTEGER NOT NULL DEFAULT 0,
             run TEXT NOT NULL DEFAULT '',
             host TEXT NOT NULL DEFAULT '',

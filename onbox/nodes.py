@@ -13,7 +13,7 @@ the streams back together.
     SKYPILOT_NODE_RANK    a SkyPilot task with num_nodes > 1       -> n0, n1, ...
     NODE_RANK, GROUP_RANK torchrun / a launcher that sets them     -> n0, n1, ...
 
-and the node count from SLURM_NNODES, RGT_NODES or WORLD_NODES when one is set.
+and the node count from SLURM_NNODES, SKYPILOT_NUM_NODES, RGT_NODES or WORLD_NODES when one is set.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import re
 from typing import Mapping, Optional, Tuple
 
 INDEX_VARS = ("SLURM_NODEID", "JOB_COMPLETION_INDEX", "SKYPILOT_NODE_RANK", "NODE_RANK", "GROUP_RANK")
-COUNT_VARS = ("SLURM_NNODES", "RGT_NODES", "WORLD_NODES")
+COUNT_VARS = ("SLURM_NNODES", "SKYPILOT_NUM_NODES", "RGT_NODES", "WORLD_NODES")
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
 
 

@@ -26,6 +26,7 @@ class ExitRecord:
     signal: Optional[int]
     oom_killed: bool = False
     preempted: bool = False   # the wrapper got a SIGTERM rgt did not send (onbox/preempt.py)
+    stop_requested: bool = False  # rgt-onbox stop asked for it (rgt/stop.json)
 
 
 def parse_exit_record(text: str) -> Optional[ExitRecord]:
@@ -42,7 +43,7 @@ def parse_exit_record(text: str) -> Optional[ExitRecord]:
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
     return ExitRecord(_int("code"), _int("signal"), doc.get("oom_killed") is True,
-                      doc.get("preempted") is True)
+                      doc.get("preempted") is True, doc.get("stop_requested") is True)
 
 
 class JobDetector:
@@ -97,6 +98,8 @@ class JobDetector:
                "vanished": False, "oom_kill_delta": delta}
         if record.preempted:
             out["preempted"] = True
+        if record.stop_requested:
+            out["stop_requested"] = True
         return out
 
     def _vanished(self) -> Dict[str, Any]:

@@ -91,6 +91,8 @@ def test_rgts_own_stop_is_not_a_preemption(rig: Rig) -> None:
     assert doc["stop_requested"] is True and "preempted" not in doc
     assert not (result.run_dir / "rgt" / PREEMPT_FILE).exists()
     assert "job.preempted" not in kinds(result.run_dir)
+    exited = next(e for e in read_all(result.run_dir / "rgt") if e["kind"] == "job.exited")
+    assert exited["data"]["stop_requested"] is True and "preempted" not in exited["data"]
 
 
 def launch_cli(rig: Rig, *command: str) -> subprocess.Popen[bytes]:

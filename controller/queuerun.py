@@ -1,0 +1,403 @@
+"""The queue dispatcher: places a queue's cells on its hosts until every cell is done or failed.
+
+One process per queue (a lock file under the state dir makes it one), started by `rgt queue FILE`
+and restarted by `rgt queue status` / `rgt queue resume` through ensure_dispatcher(); or run in
+the foreground by `rgt queue FILE --foreground`. It keeps no state of its own that matters: each
+tick reads the cells from the store, judges the running ones from the events their watchers
+stored (controller.queue.classify), and launches waiting cells on free hosts. Killing it loses
+nothing; the next one carries on from the rows.
+
+Placement: a host runs one cell of the queue at a time. A cell whose last attempt may be retried
+(preempted, link lost, launch failed) goes back to its own host under the same run id, which
+the box resumes in place from its newest good checkpoint, when that host is free and answers;
+otherwise it starts under a new run id on another free host, linked to the old run
+(Store.set_lineage resumed_from). A host whose launch failed rests a while before the next one.
+
+    python -m controller.queuerun NAME     (what ensure_dispatcher starts; logs to queues/NAME.log)
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from controller import paths
+from controller import queue as q
+from controller.store import Store, StoreError
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5            # how often the cells are judged and placed
+WATCH_CHECK_S = 10.0    # how often a running cell's watcher is confirmed
+REST_S = (30.0, 600.0)  # a host whose launch failed rests this long, doubling up to the cap
+PROBE_TIMEOUT_S = 20.0
+ERROR_PAUSE_S = 5.0     # after a dispatch round that raised
+
+Launch = Callable[[Store, str, Sequence[str], str, str, Sequence[str]], Mapping[str, Any]]
+Probe = Callable[[Store, str], bool]
+Watch = Callable[[Store, str, int], Optional[int]]
+OnChange = Callable[[q.Change], None]
+
+
+# ---- files and the one-per-queue lock ----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatcherFiles:
+    lock: Path
+    pid: Path
+    log: Path
+
+
+def files(name: str) -> DispatcherFiles:
+    d = paths.state_dir() / "queues"
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return DispatcherFiles(lock=d / f"{name}.lock", pid=d / f"{name}.pid", log=d / f"{name}.log")
+
+
+def running_pid(name: str) -> Optional[int]:
+    """The pid of the dispatcher holding NAME's lock, or None when none does."""
+    f = files(name)
+    fd = os.open(f.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            return int(f.pid.read_text().strip() or 0) or None
+        except (OSError, ValueError):
+            return None  # held, but the pid is not written yet
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+class Busy(Exception):
+    """Another dispatcher drives the queue."""
+
+
+@contextlib.contextmanager
+def holding(name: str) -> Iterator[None]:
+    """Hold NAME's dispatcher lock (and its pid file) for the duration; Busy when taken."""
+    f = files(name)
+    fd = os.open(f.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Busy(name) from None
+        f.pid.write_text(f"{os.getpid()}\n")
+        try:
+            yield
+        finally:
+            f.pid.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
+def ensure_dispatcher(store: Store, name: str, wait_s: float = 5.0) -> Optional[int]:
+    """Start NAME's background dispatcher unless one runs, or the queue is over or cancelled;
+    its pid, or None when none is needed."""
+    queue = q.load(store, name)
+    if queue.options.cancelled or q.finished(q.cells(store, name)):
+        return None
+    pid = running_pid(name)
+    if pid:
+        return pid
+    with open(files(name).log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "controller.queuerun", name],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        pid = running_pid(name)
+        if pid == proc.pid or proc.poll() is not None:
+            return pid
+        time.sleep(0.02)  # waiting on another process's lock: nothing to block on
+    log.warning("the dispatcher of queue %s (pid %d) has not taken its lock after %gs; see %s",
+                name, proc.pid, wait_s, files(name).log)
+    return proc.pid
+
+
+def stop_dispatcher(name: str, timeout_s: float = 10.0) -> Optional[int]:
+    """SIGTERM NAME's dispatcher (the pid its lock file names) and wait; that pid, or None."""
+    pid = running_pid(name)
+    if not pid:
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while running_pid(name) == pid and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return pid
+
+
+# ---- what the dispatcher does to boxes (real by default; tests pass their own) -------------
+
+
+def launch_on_box(store: Store, host: str, command: Sequence[str], run_id: str, project: str,
+                  onbox_args: Sequence[str]) -> Mapping[str, Any]:
+    """`rgt launch` for one cell: boxes.launch; BoxError/SshError when the box cannot."""
+    from controller import boxes
+
+    return boxes.launch(store, host, command, run_id=run_id, project=project, onbox_args=onbox_args)
+
+
+def probe_box(store: Store, host: str) -> bool:
+    """Whether HOST answers a trivial command now."""
+    from controller import boxes
+    from controller.ssh import SshError
+
+    try:
+        boxes.shell_for(store, host).run("true", timeout_s=PROBE_TIMEOUT_S)
+    except (SshError, StoreError, OSError) as e:
+        log.info("host %s does not answer: %s", host, e)
+        return False
+    return True
+
+
+def watch_run(store: Store, run: str, since_seq: int) -> Optional[int]:
+    """Make sure RUN's attempt that began after seq since_seq has its background watcher; its pid.
+
+    ensure_watcher skips a run whose sidecar was seen stopping. A run resumed in place has its
+    earlier attempt's `sidecar.stopping` in the store, so while the new attempt's sidecar has
+    not been seen stopping, the watcher is started here (its subscriber carries on from the
+    store's cursor)."""
+    from controller import watcher
+
+    pid = watcher.ensure_watcher(store, run)
+    if pid is not None or since_seq <= 0 or not store.run(run)["target"]:
+        return pid
+    start = q.attempt_start(store, run, since_seq)
+    if start is not None and store.events(run, since=start, kind_prefix="sidecar.stopping", limit=1):
+        return None
+    with open(watcher.files(run).log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "controller.watcher", run],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    return proc.pid
+
+
+def stop_old_watcher(run: str) -> None:
+    """Before a run is resumed in place: its earlier attempt's watcher ends on that attempt's
+    `sidecar.stopping`, so it must not be the one left to follow the new attempt."""
+    from controller import watcher
+
+    watcher.stop_watcher(run)
+
+
+# ---- the dispatcher ----------------------------------------------------------------------
+
+
+class Dispatcher:
+    """Judge running cells, place waiting ones; one tick at a time, from the store's rows."""
+
+    def __init__(self, store: Store, name: str, *, launch: Launch = launch_on_box, probe: Probe = probe_box,
+                 watch: Watch = watch_run, before_in_place: Callable[[str], None] = stop_old_watcher,
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.name = name
+        self._launch = launch
+        self._probe = probe
+        self._watch = watch
+        self._before_in_place = before_in_place
+        self._clock = clock
+        self._mono = monotonic
+        self._rest_until: Dict[str, float] = {}
+        self._rest_s: Dict[str, float] = {}
+        self._watched: Dict[str, float] = {}
+        self.stop = threading.Event()
+
+    def tick(self) -> List[q.Change]:
+        changes = q.refresh(self.store, self.name, self._clock())
+        queue = q.load(self.store, self.name)
+        if queue.options.cancelled:
+            return changes
+        cells = q.cells(self.store, self.name)
+        for cell in cells:
+            if cell.state == q.LAUNCHING:
+                changes += self._recover(queue, cell)
+            elif cell.state == q.RUNNING:
+                self._keep_watched(cell)
+        changes += self._place(queue, q.cells(self.store, self.name))
+        return changes
+
+    def serve(self, on_change: Optional[OnChange] = None) -> int:
+        """Tick until every cell ended, the queue is cancelled, or stop is set; queue.exit_code."""
+        while not self.stop.is_set():
+            try:
+                changes = self.tick()
+            except Exception:  # one tick's failure (a busy store, a bug) must not end the queue
+                log.exception("queue %s: a dispatch round failed; again in %gs", self.name, ERROR_PAUSE_S)
+                self.stop.wait(ERROR_PAUSE_S)
+                continue
+            for change in changes:
+                log.info("cell %d: %s -> %s %s", change.cell.idx, change.before, change.cell.state,
+                         change.cell.reason)
+                if on_change is not None:
+                    on_change(change)
+            cells = q.cells(self.store, self.name)
+            if q.finished(cells) or q.load(self.store, self.name).options.cancelled:
+                break
+            self.stop.wait(POLL_S)
+        return q.exit_code(q.cells(self.store, self.name))
+
+    # -- placing -------------------------------------------------------------------------
+
+    def _free_hosts(self, queue: q.Queue, cells: Sequence[q.Cell]) -> List[str]:
+        busy = {c.host for c in cells if c.state in q.ACTIVE}
+        now = self._mono()
+        return [h for h in queue.hosts if h not in busy and self._rest_until.get(h, 0.0) <= now]
+
+    def _place(self, queue: q.Queue, cells: Sequence[q.Cell]) -> List[q.Change]:
+        free = self._free_hosts(queue, cells)
+        waiting = [c for c in cells if c.state == q.RETRYING] + [c for c in cells if c.state == q.PENDING]
+        changes: List[q.Change] = []
+        for cell in waiting:
+            if not free:
+                break
+            host, in_place = self._choose(cell, free)
+            if host is None:
+                continue
+            free.remove(host)
+            changes += self._start(queue, cell, host, in_place)
+        return changes
+
+    def _choose(self, cell: q.Cell, free: List[str]) -> Tuple[Optional[str], bool]:
+        """(host, in place): the cell's own host when its attempt may resume there, else another."""
+        if cell.state == q.PENDING or not cell.run:
+            return free[0], False
+        own = cell.host
+        if own in free and cell.last.get("outcome") == "preempted":
+            if self._probe(self.store, own):
+                return own, True
+            self._rest(own, "it does not answer")
+            free.remove(own)
+        others = [h for h in free if h != own]
+        if others:
+            return others[0], False
+        if own in free:
+            if self._probe(self.store, own):
+                return own, True
+            self._rest(own, "it does not answer")
+        return None, False
+
+    def _start(self, queue: q.Queue, cell: q.Cell, host: str, in_place: bool) -> List[q.Change]:
+        now = self._clock()
+        run = cell.run if in_place else q.new_run_id(queue.name, cell.idx)
+        since_seq = int(cell.last.get("at_seq") or self.store.cursor(run)) if in_place else 0
+        since_local = self._newest_local(run) if in_place else 0
+        begun = q.begin_attempt(self.store, cell, host=host, run=run, in_place=in_place, since_seq=since_seq,
+                                since_local=since_local, now=now)
+        if begun is None:
+            return []
+        return [q.Change(cell.state, begun), *self._launch_cell(queue, begun, resumed_from=cell.run)]
+
+    def _launch_cell(self, queue: q.Queue, cell: q.Cell, resumed_from: str) -> List[q.Change]:
+        """Ask the box to run a `launching` cell; running, or the launch's failure recorded."""
+        from controller.boxes import BoxError
+        from controller.ssh import SshError
+
+        in_place = bool(cell.last.get("in_place"))
+        if in_place:
+            self._before_in_place(cell.run)
+        try:
+            answer = self._launch(self.store, cell.host, cell.command, cell.run, queue.name,
+                                  queue.options.onbox_args)
+        except Exception as e:  # the launch is this round's boundary: any failure is the launch's
+            if not isinstance(e, (BoxError, SshError, StoreError)):
+                log.exception("launching cell %d of %s on %s", cell.idx, queue.name, cell.host)
+            message = getattr(e, "message", None) or str(e)
+            self._rest(cell.host, message)
+            outcome = q.Outcome("launch", f"the launch on {cell.host} failed: {message}")
+            ended = q.end_attempt(self.store, cell, outcome, queue.options.max_attempts, self._clock())
+            return [q.Change(cell.state, ended)] if ended is not None else []
+        self._rest_s.pop(cell.host, None)
+        if resumed_from and resumed_from != cell.run and self._known(resumed_from) is not None:
+            self.store.set_lineage(cell.run, resumed_from=resumed_from)
+        running = q.launched(self.store, cell, answer, self._clock())
+        if running is None:
+            return []
+        self._keep_watched(running, force=True)
+        return [q.Change(cell.state, running)]
+
+    def _recover(self, queue: q.Queue, cell: q.Cell) -> List[q.Change]:
+        """A cell left `launching` by a dispatcher that died: running when the store recorded its
+        run after the attempt began (boxes.launch does once the box answered), else launched again
+        under the same run id."""
+        info = self._known(cell.run)
+        if info is not None and float(info["last_seen"]) >= float(cell.last.get("started_at") or 0.0):
+            running = q.launched(self.store, cell, {}, self._clock())
+            if running is None:
+                return []
+            self._keep_watched(running, force=True)
+            return [q.Change(cell.state, running)]
+        previous = cell.history[-2]["run"] if len(cell.history) > 1 else ""
+        return self._launch_cell(queue, cell, resumed_from=str(previous))
+
+    def _known(self, run: str) -> Optional[Dict[str, Any]]:
+        return next((r for r in self.store.runs() if r["run"] == run), None)
+
+    # -- hosts and watchers -----------------------------------------------------------------
+
+    def _rest(self, host: str, why: str) -> None:
+        rest = min(REST_S[1], self._rest_s.get(host, REST_S[0] / 2) * 2)
+        self._rest_s[host] = rest
+        self._rest_until[host] = self._mono() + rest
+        log.warning("host %s rests %.0fs: %s", host, rest, why)
+
+    def _newest_local(self, run: str) -> int:
+        local = self.store.local_events(run)
+        return local[-1].id if local else 0
+
+    def _keep_watched(self, cell: q.Cell, force: bool = False) -> None:
+        now = self._mono()
+        if not force and now - self._watched.get(cell.run, -WATCH_CHECK_S) < WATCH_CHECK_S:
+            return
+        self._watched[cell.run] = now
+        since = int(cell.last.get("since_seq") or 0) if cell.last.get("in_place") else 0
+        try:
+            self._watch(self.store, cell.run, since)
+        except (StoreError, OSError) as e:
+            log.warning("could not start the watcher of %s: %s", cell.run, e)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m controller.queuerun NAME", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    name = args[0]
+    try:
+        with holding(name), Store.open() as store:
+            dispatcher = Dispatcher(store, name)
+
+            def stop(signum: int, frame: Optional[FrameType]) -> None:
+                dispatcher.stop.set()
+
+            signal.signal(signal.SIGTERM, stop)
+            signal.signal(signal.SIGINT, stop)
+            log.info("dispatching queue %s", name)
+            code = dispatcher.serve()
+            log.info("stopped dispatching queue %s (exit %d)", name, code)
+            return code
+    except Busy:
+        log.info("another dispatcher drives queue %s", name)
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
