@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import hashlib
 import logging
 import os
+import posixpath
 import random
 import re
 import shlex
@@ -29,7 +31,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, List, Mapping, Optional, Protocol, Sequence
+from typing import Callable, Iterator, List, Mapping, Optional, Protocol, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +259,9 @@ class Shell(Protocol):
             check: bool = True) -> subprocess.CompletedProcess[bytes]: ...
 
     def put(self, files: Sequence[Path], remote_dir: str, timeout_s: float = 600) -> None: ...
+
+    def push(self, source: Path, remote_path: str, *, excludes: Sequence[str] = (),
+             timeout_s: float = 3600) -> str: ...
 
 
 class Ssh:
@@ -486,6 +491,30 @@ class Ssh:
         except subprocess.TimeoutExpired:
             raise SshError(f"{self.alias}: {what} did not finish within {timeout_s:g}s") from None
 
+    def push(self, source: Path, remote_path: str, *, excludes: Sequence[str] = (),
+             timeout_s: float = 3600) -> str:
+        """rsync `source` to `remote_path` (parents made; ~/ is home there) over the master: a file to that
+        name (rsync renames a temporary into place), a directory's contents into it; `excludes` are rsync
+        patterns (/x anchored at `source`); nothing there is deleted. Returns the absolute path there."""
+        src = os.path.abspath(source)
+        is_dir = os.path.isdir(src)
+        parent, name = (remote_path, "") if is_dir else posixpath.split(remote_path.rstrip("/"))
+        if not is_dir and not name:
+            raise ValueError(f"push {src}: {remote_path!r} names no file")
+        base = self._make_remote_dir(parent or "~").rstrip("/")
+        dest = f"{base}/{name}" if name else base
+        argv = [self.rsync_bin, "--protect-args", "--recursive", "--links", "--perms", "--times",
+                *(f"--exclude={pattern}" for pattern in excludes), "-e", self.rsync_shell(), "--",
+                src + "/" if is_dir else src, f"{self.alias}:{dest}/" if is_dir else f"{self.alias}:{dest}"]
+        done = self._copy(argv, "rsync", timeout_s)
+        if done.returncode == 0:
+            return dest
+        missing = re.search(rb"rsync: (command )?not found|rsync: No such file", done.stderr)
+        raise classify(self.alias, done.stderr, done.returncode) or SshError(
+            f"{self.alias}: rsync of {src} failed (exit {done.returncode}): {_tail(done.stderr)}",
+            hint="install rsync on the box (apt-get install -y rsync)" if missing else None,
+            returncode=done.returncode)
+
 
 class LocalShell:
     """Host `local`: run() and put() on this machine, no ssh at all. Nothing to
@@ -529,6 +558,29 @@ class LocalShell:
                 shutil.copytree(f, target, symlinks=True, dirs_exist_ok=True)
             else:
                 shutil.copy2(f, target)
+
+    def push(self, source: Path, remote_path: str, *, excludes: Sequence[str] = (),
+             timeout_s: float = 3600) -> str:
+        """Ssh.push on this machine: a file is copied beside its name and renamed into place."""
+        src = Path(os.path.abspath(source))
+        dest = Path(os.path.abspath(os.path.expanduser(remote_path)))
+        if src.is_dir():
+            shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True, ignore=_ignoring(src, excludes))
+            return str(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.rgt-{os.getpid()}.tmp")
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dest)
+        return str(dest)
+
+
+def _ignoring(root: Path, patterns: Sequence[str]) -> Callable[[str, List[str]], List[str]]:
+    """shutil.copytree's ignore for rsync-like patterns: `/a/b` is anchored at `root`, others match names."""
+    def ignore(directory: str, names: List[str]) -> List[str]:
+        at = "/" + os.path.relpath(os.path.join(directory, "x"), root)[:-1]
+        return [n for n in names if any(fnmatch.fnmatchcase(at + n if p.startswith("/") else n, p.rstrip("/"))
+                                        for p in patterns)]
+    return ignore
 
 
 class Backoff:

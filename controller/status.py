@@ -258,6 +258,67 @@ def reference(store: Store, ref: str, progress: Mapping[str, Any]) -> Dict[str, 
     return out
 
 
+# ---- one history over boxes (`rgt resume`) -----------------------------------------------
+
+
+def _chain(runs: Mapping[str, Mapping[str, Any]], run_id: str) -> List[str]:
+    """The run ids of run_id's history: back to the first run, then every run resumed from one in it
+    (each generation by first_seen)."""
+    root, seen = run_id, {run_id}
+    while str(runs[root].get("resumed_from") or "") in runs and runs[root]["resumed_from"] not in seen:
+        root = str(runs[root]["resumed_from"])
+        seen.add(root)
+    chain, level = [root], [root]
+    while level:
+        level = sorted((r for r, info in runs.items() if info.get("resumed_from") in level
+                        and r not in chain), key=lambda r: float(runs[r].get("first_seen") or 0.0))
+        chain += level
+    return chain
+
+
+def _step(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _life(store: Store, run: str) -> Dict[str, Any]:
+    """A run's state, first and last step and newest checkpoint's step, cheaply: from its job.*,
+    train.progress and ckpt.saved events (the last step is the furthest either reported)."""
+    exited = store.events(run, kind_prefix="job.exited")
+    if exited:
+        data = exited[-1].data
+        state = "preempted" if data.get("preempted") else \
+            "exited ok" if wake.finished_cleanly(exited[-1]) else "exited failed"
+    elif store.events(run, kind_prefix="job.preempted"):
+        state = "preempted"
+    else:
+        state = "running" if store.cursor(run) else "unknown"
+    first = last = ckpt = None
+    for ev in all_events(store, run, "train.progress"):  # rate-limited: the job may have gone further
+        step = _step(ev.data.get("step"))
+        first = step if first is None else first
+        last = step if step is not None else last
+    for ev in all_events(store, run, "ckpt.saved"):
+        ckpt = _step(ev.data.get("step")) if _step(ev.data.get("step")) is not None else ckpt
+    known = [s for s in (last, ckpt) if s is not None]
+    return {"state": state, "first_step": first, "last_step": max(known) if known else None,
+            "checkpoint_step": ckpt}
+
+
+def history(store: Store, run_id: str) -> List[Dict[str, Any]]:
+    """The runs that continue one another through `rgt resume`, oldest first, or [] for a run alone:
+    each with its host, state (preempted, exited ok/failed, running), first and last step, and the
+    step of its newest hashed checkpoint."""
+    runs = {str(r["run"]): r for r in store.runs()}
+    if run_id not in runs:
+        return []
+    chain = _chain(runs, run_id)
+    if len(chain) < 2:
+        return []
+    return [{"run": r, "host": runs[r].get("target") or runs[r].get("host") or None,
+             "resumed_from": runs[r].get("resumed_from") or None, "current": r == run_id, **_life(store, r)}
+            for r in chain]
+
+
 def summarize(store: Store, run: str, ref: Optional[str] = None,
               now: Optional[float] = None) -> Dict[str, Any]:
     """Everything `rgt status` shows about one run, as a JSON-able dict (see the module doc)."""
@@ -285,6 +346,7 @@ def summarize(store: Store, run: str, ref: Optional[str] = None,
         "gaps": gaps, "missing_events": sum(g["last_seq"] - g["first_seq"] + 1 for g in gaps),
         "ref": reference(store, ref, progress) if ref else None,
         "deadman": _deadman(reader, now),
+        "history": history(store, run_id),
     }
     return out
 
@@ -350,6 +412,10 @@ def render(s: Mapping[str, Any]) -> str:
     lines = [f"run {s['run']} on {s.get('host') or '?'}"
              + (f" (via {s['target']})" if s.get("target") else ""),
              f"  state     {s['state']}: {s['state_reason']}", f"  progress  {_progress_line(s)}"]
+    if s.get("history"):
+        lines.append("  history   " + " -> ".join(
+            f"{h['run']} ({h['host'] or '?'}, {h['state']}, step {number(h['last_step'])})"
+            + (" *" if h["current"] else "") for h in s["history"]))
     if s.get("scalars"):
         lines.append(f"  metrics   {_scalars(s)}")
     ref = s.get("ref")

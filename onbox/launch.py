@@ -13,13 +13,14 @@ rgt/attempts/<n>/), write run.json atomically (command redacted, environment by 
 the job wrapper (onbox/supervise.py `job`, its own session) and wait for rgt/job.json, then start the
 sidecar supervisor (`sidecar`, its own session) and wait for rgt/supervisor.pid.
 
-The job gets RGT_RUN_ID, RGT_RUN_DIR, RGT_CKPT_DIR, RGT_METRICS, RGT_RESUME_FROM (the manifest's
-newest good checkpoint, only when there is one), RGT_DURABLE_DIR (when given) and PYTHONUNBUFFERED=1
-on top of the launcher's environment, the box's secrets (onbox/secrets.py, unless `secrets=False`;
-run.json records their names only) and the `--env NAME=VALUE` (or `--env NAME`: passed on from the
-launcher's environment) pairs, which win over both. The wrapper receives the job's
-argv and environment through a pipe, so neither lands in any command line we create; the wrapper and
-supervisor themselves run without the launcher's secret-named variables.
+The job gets RGT_RUN_ID, RGT_RUN_DIR, RGT_CKPT_DIR, RGT_METRICS, RGT_RESUME_FROM (--resume-from's
+file once verified and recorded by onbox/resumeimport.py, else the manifest's newest good one),
+RGT_DURABLE_DIR (when given) and PYTHONUNBUFFERED=1 on top of the launcher's environment, the box's
+secrets (onbox/secrets.py, unless `secrets=False`; run.json records their names only) and the
+`--env NAME=VALUE` (or `--env NAME`: passed on from the launcher's environment) pairs, which win over
+both. The wrapper receives the job's argv and environment through a pipe, so neither lands in any
+command line we create; the wrapper and supervisor themselves run without the launcher's secret-named
+variables.
 
 Exit codes of `run_launch` (what the CLI returns): 0 launched, 1 failed, 2 bad usage, 3 refused by a
 gate (disk, pre-flight, still running, another launch of the run in progress).
@@ -43,7 +44,7 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import profiles
 from protocol import PACKAGE_VERSION
 
-from onbox import deadman, deadmand, manifest
+from onbox import deadman, deadmand, manifest, resumeimport
 from onbox.fingerprint import write_fingerprint
 from onbox.launchenv import apply_profile
 from onbox.launchgates import (
@@ -357,8 +358,8 @@ def _job_env(plan: _Plan, environ: Mapping[str, str], resume: Optional[Path]) ->
     return env
 
 
-def _run_json(plan: _Plan, opts: LaunchOptions, display: List[str], env: Mapping[str, str],
-              attempt: int, resume: Optional[Path], preflight: str) -> str:
+def _run_json(plan: _Plan, opts: LaunchOptions, display: List[str], env: Mapping[str, str], attempt: int,
+              resume: Optional[Path], preflight: str, taken: Optional[resumeimport.Taken] = None) -> str:
     prev = read_json(plan.paths.run_json) or {}
     sha = _git(plan.cwd, "rev-parse", "HEAD")
     dirty = _git(plan.cwd, "status", "--porcelain", "--untracked-files=no") if sha else None
@@ -370,7 +371,8 @@ def _run_json(plan: _Plan, opts: LaunchOptions, display: List[str], env: Mapping
         "python": _job_python(opts.command, env), "launcher_python": sys.executable,
         "env_names": sorted(env), "env_set": sorted(plan.env_set), "ckpt_dir": str(plan.ckpt_dir),
         "metrics": str(plan.metrics), "durable_dir": str(plan.durable_dir) if plan.durable_dir else None,
-        "resume_from": str(resume) if resume else None, "preflight": preflight,
+        "resume_from": str(resume) if resume else None, "preflight": preflight, "resumes": opts.resumes,
+        "resume": taken.record() if taken else None,  # a checkpoint from elsewhere (onbox/resumeimport.py)
         "profile_applied": plan.profile_record, "secrets": sorted(plan.secret_env),  # names only
         "package_version": PACKAGE_VERSION,
         "group": plan.group, "node": plan.node, "nodes": plan.nodes,
@@ -489,6 +491,7 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
     """Start the job and its sidecar (see the module doc). Raises LaunchError and its kinds."""
     environ = dict(os.environ if environ is None else environ)
     plan = _plan(opts, environ)
+    request = resumeimport.requested(opts.resume_from, opts.resume_sha256, opts.resume_step, opts.resumes)
     try:  # a bad profile is refused before anything starts
         profile = profiles.load(opts.profile, profiles.directory(environ)) if opts.profile else None
     except profiles.ProfileError as e:
@@ -507,11 +510,13 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
             write_json_atomic(plan.paths.preflight_json, report)
         plan.ckpt_dir.mkdir(parents=True, exist_ok=True)
         plan.metrics.parent.mkdir(parents=True, exist_ok=True)
-        resume = manifest.newest_good(plan.paths.run_dir)
+        taken = resumeimport.take(plan.paths.run_dir, plan.ckpt_dir, request) if request else None
+        resume = taken.path if taken else manifest.newest_good(plan.paths.run_dir)
         env = _job_env(plan, environ, resume)
         argv, profile_notes = _apply_profile(profile, opts, environ, plan, env)
         preflight = str(report.get("result")) if report else "skipped"
-        write_atomic(plan.paths.run_json, _run_json(plan, opts, display, env, attempt, resume, preflight))
+        doc = _run_json(plan, opts, display, env, attempt, resume, preflight, taken)
+        write_atomic(plan.paths.run_json, doc)
         spec = {"argv": argv, "cwd": str(plan.cwd), "env": env, "display": shlex.join(display),
                 "run_id": plan.run_id, "attempt": attempt,
                 "preempt_grace_s": _preempt_grace(opts, profile)}

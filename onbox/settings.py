@@ -49,11 +49,24 @@ def _path(run_dir: Path, value: Any) -> Optional[Path]:
     return p if p.is_absolute() else Path(run_dir) / p
 
 
+def resume_step(run_dir: Path) -> Optional[int]:
+    """The step of the checkpoint a resumed run started from (run.json "resume", written by the
+    launcher for `--resume-from`), or None."""
+    try:
+        meta = json.loads((Path(run_dir) / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    resume = meta.get("resume") if isinstance(meta, dict) else None
+    step = resume.get("step") if isinstance(resume, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
+
 def training_config(run_dir: Path, watch: Mapping[str, Any], job_pid: Optional[int]) -> TrainingConfig:
     cfg = TrainingConfig(run_dir=Path(run_dir), metrics_path=_path(run_dir, watch.get("metrics")),
                          log_path=_path(run_dir, watch.get("log")), log_regex=watch.get("log_regex"),
                          stall=job_pid is not None,
-                         job_key=str(job_pid) if job_pid is not None else None)
+                         job_key=str(job_pid) if job_pid is not None else None,
+                         resume_step=resume_step(run_dir))
     if watch.get("scalars"):
         cfg.watch = tuple(str(s) for s in watch["scalars"])
     for key in ("stall_floor_s", "stall_k", "stall_grace_s", "expected_seconds"):

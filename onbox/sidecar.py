@@ -96,7 +96,8 @@ class Sidecar:
         self.run_dir = Path(config.run_dir).resolve()
         self.rgt_dir = self.run_dir / "rgt"
         meta = _run_meta(self.run_dir)
-        keep = ("id", "project", "profile", "started_at", "git_sha", "watch")
+        keep = ("id", "project", "profile", "started_at", "git_sha", "watch", "command", "cwd", "resume",
+                "resumes", "group", "node", "nodes")
         self.meta: Dict[str, Any] = {k: meta[k] for k in keep if k in meta}
         self.run_id = _checked_id(config.run_id or str(meta.get("id") or self.run_dir.name), "run id")
         host = config.host or str(meta.get("host") or os.uname().nodename.split(".")[0])

@@ -30,6 +30,10 @@ sidecar), or `on_job_start()` is called, the job is judged afresh: the start-up 
 again and the active episodes (non-finite, zero metric, spike, stall, slow) end without events, so
 the new job's first NaN is reported. The high-water step and the tail positions carry over, so a
 relaunch that ignored its checkpoint is still a restart from zero.
+
+Resumed runs (`rgt resume`, run.json "resume"): a new run that goes on from another run's checkpoint
+starts with `resume_step` as its high-water step, so a job that ignores RGT_RESUME_FROM and begins at
+step 0 is `train.restarted_from_zero` on its first lines. A saved high-water mark wins over it.
 """
 from __future__ import annotations
 
@@ -83,6 +87,7 @@ class TrainingConfig:
     expected_steps: Optional[int] = None
     expected_seconds: Optional[float] = None
     job_key: Optional[str] = None             # the job attempt (e.g. "<attempt>:<pid>"); see the doc
+    resume_step: Optional[int] = None         # a run resumed elsewhere starts from this step (see the doc)
     state_every_s: float = 5.0
     gpu_every_s: float = 1.0                  # gpu_util() is called at most this often
     metrics_history_bytes: int = 8 << 20
@@ -214,8 +219,9 @@ class TrainingMonitor:
                                     stalled=active.get("stalled") is True)
         self._stall.step, self._stall.epoch = _int(state.get("last_step")), _num(state.get("last_epoch"))
         self._slow = SlowDetector(self.t, active.get("slow") is True)
-        self._restart = RestartDetector(self.t, _int(state.get("max_step")), _num(state.get("max_epoch")),
-                                        _int(state.get("restarts")) or 0)
+        max_step = _int(state.get("max_step"))
+        self._restart = RestartDetector(self.t, self.config.resume_step if max_step is None else max_step,
+                                        _num(state.get("max_epoch")), _int(state.get("restarts")) or 0)
         self._zero = MetricZeroDetector(self.t, [w for w in self._watch if not is_loss_name(w)], zeros)
         self._short = ShortRunDetector(self.t, self._run_started_at, self.config.expected_steps,
                                        self.config.expected_seconds)

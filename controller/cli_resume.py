@@ -1,0 +1,106 @@
+"""`rgt resume RUN --on HOST`: continue a run (preempted, or its box gone) on another box.
+
+A thin command over controller.resume: plan, print the plan (and stop there with --dry-run), push
+and launch, start the watcher as `rgt launch` does.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import click
+
+from controller import render, resume
+from controller.clibase import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, emit_json
+from controller.ssh import SshError
+from controller.store import Store
+from controller.wake import number, size
+
+
+def _plan_rows(plan: resume.Plan) -> List[Tuple[str, str]]:
+    ck = plan.checkpoint
+    where = (f"durable copy {plan.resume_from} (seen on {plan.host}; nothing to push)"
+             if plan.source == "durable" else f"{plan.local_path} -> {plan.resume_from}")
+    rows = [("checkpoint", f"{ck.rel}  step {number(ck.step)}  {size(ck.size)}  sha256 {ck.sha256[:12]}"),
+            ("from", where), ("push", size(plan.push_bytes) + (f" + code {plan.code} -> {plan.cwd}"
+                                                               if plan.code else "")),
+            ("new run", f"{plan.run_id} in {plan.run_dir}"), ("cwd", plan.cwd),
+            ("command", " ".join(plan.command))]
+    if plan.onbox_args:
+        rows.append(("launch", " ".join(plan.onbox_args)))
+    return rows
+
+
+def _print_plan(plan: resume.Plan, dry_run: bool) -> None:
+    head = "would resume" if dry_run else "resuming"
+    click.echo(render.printable(f"{head} {plan.run} on {plan.host}"))
+    for name, value in _plan_rows(plan):
+        click.echo(render.printable(f"  {name:<10} {value}"))
+    for note in plan.notes:
+        click.echo(render.printable(f"note: {note}"), err=True)
+
+
+@click.command("resume", cls=RgtCommand)
+@RUN_ARGUMENT
+@click.option("--on", "host", required=True, metavar="HOST",
+              help="The box to continue on (a name from `rgt hosts`).")
+@click.option("--checkpoint", default=None, metavar="PATH",
+              help="Resume from this one: a local file, or a checkpoint's path or name in the run "
+                   "(default: the newest one custody hashed that is here or durable).")
+@click.option("--run-id", default=None, metavar="ID", help="The new run's id (default: UTC time + random).")
+@click.option("--root", default=None, metavar="DIR", help="Where runs live on HOST (default: the host's).")
+@click.option("--cwd", default=None, metavar="DIR",
+              help="Where the command runs on HOST (default: where it ran before).")
+@click.option("--code", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              metavar="DIR", help="Push this directory's contents to that working directory first.")
+@click.option("--onbox-arg", "onbox_args", multiple=True, metavar="ARG",
+              help="Extra `rgt-onbox launch` argument, repeatable (--onbox-arg=--env=WANDB_API_KEY).")
+@click.option("--no-watch", is_flag=True, help="Do not start the background watcher.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan (checkpoint, bytes to push, command) and stop; HOST is asked where "
+                   "runs live, nothing changes there.")
+@JSON_OPTION
+def resume_command(run: str, host: str, checkpoint: Optional[str], run_id: Optional[str], root: Optional[str],
+                   cwd: Optional[str], code: Optional[Path], onbox_args: Sequence[str], no_watch: bool,
+                   dry_run: bool, as_json: bool) -> None:
+    """Continue RUN on HOST from its newest checkpoint that custody hashed.
+
+    \b
+      rgt pull RUN                       bring its checkpoints home first (unless they are durable)
+      rgt resume RUN --on gpu2 --dry-run
+      rgt resume RUN --on gpu2           push the checkpoint, run the same command there
+    The new run gets RGT_RESUME_FROM; a job that starts from step 0 anyway is reported
+    (train.restarted_from_zero). `rgt status NEW` shows both runs as one history.
+    """
+    opts = resume.Options(checkpoint=checkpoint, run_id=run_id, root=root, cwd=cwd, code=code,
+                          onbox_args=list(onbox_args))
+    with Store.open() as store:
+        try:
+            plan = resume.make_plan(store, run, host, opts)
+            if dry_run:
+                _done(plan, None, as_json)
+                return
+            if not as_json:
+                _print_plan(plan, False)
+            answer = resume.execute(store, plan)
+        except (resume.ResumeError, SshError) as e:
+            raise CliError(e.message, e.hint) from e
+        if not no_watch:
+            from controller.watcher import ensure_watcher
+
+            answer["watcher_pid"] = ensure_watcher(store, str(answer["run_id"]))
+    _done(plan, answer, as_json)
+
+
+def _done(plan: resume.Plan, answer: Optional[Dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        emit_json({"dry_run": True, "plan": plan.to_dict()} if answer is None
+                  else {**answer, "dry_run": False, "plan": plan.to_dict()})
+        return
+    if answer is None:
+        _print_plan(plan, True)
+        return
+    click.echo(render.printable(f"resumed {plan.run} as {answer['run_id']} on {plan.host} from step "
+                                f"{number(plan.checkpoint.step)} ({answer['run_dir']})"))
+    click.echo(f"next: rgt watch {answer['run_id']} --timeout 6h   (exits when something needs you)",
+               err=True)

@@ -1,0 +1,489 @@
+"""`rgt resume RUN --on HOST`: go on with a run on another box, from its newest hashed checkpoint.
+
+    plan = make_plan(store, run, host, Options())   # reads the store and pulls, asks HOST two questions
+    answer = execute(store, plan)                    # push, launch, record the lineage
+
+1. What to run: the old run's run.json (command, cwd, project, watch settings), from its newest pull
+   that has one, else the store's metadata, else the old box itself when it still answers. A command
+   recorded with *** in it (the launcher redacted a secret-looking value) is refused, as is none.
+2. Which checkpoint: every checkpoint custody hashed for the run (its ckpt.saved events, and the
+   rgt/manifest.jsonl of each pull), newest first; the first usable one wins, and it is usable
+   - on a durable path (its ckpt.durable event) under the durable dir of HOST's profile or of the old
+     run, when HOST sees a file of that size there: nothing is pushed, the launcher verifies it;
+   - or as a local copy: a file in a pulled dir (or --checkpoint FILE) that hashes to the recorded
+     SHA-256 now (so no PULL_VERIFIED.json is needed). A copy with other bytes is skipped (and named
+     in the plan's notes).
+3. Push (rsync over HOST's ssh master, controller/ssh.py): the checkpoint into the new run's
+   checkpoint dir <root>/<project>/active/<new-run>/checkpoints/, and with --code DIR that
+   directory's contents into the command's cwd there (.git, __pycache__ and pulled runs left out).
+4. Launch the same command in the same cwd through `rgt-onbox launch --resume-from PATH
+   --resume-sha256 HEX --resume-step N --resumes OLD`: the launcher hashes the file again, refuses a
+   mismatch, records it in the new run's custody and sets RGT_RESUME_FROM. The new run is stored with
+   `resumed_from` = OLD, so `rgt status` shows one history.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import posixpath
+import re
+import secrets
+import shlex
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import profiles
+
+from controller import install
+from controller.install import LOCAL, InstallError
+from controller.output import error_tail, last_json_object
+from controller.pullstage import sha256_of
+from controller.ssh import LocalShell, Ssh, SshError
+from controller.status import all_events
+from controller.store import Store
+from controller.storeerrors import StoreError
+
+SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+REDACTED = "***"
+LAUNCH_TIMEOUT_S = 1800  # the launcher hashes (and may copy) the checkpoint before it answers
+CODE_EXCLUDES = (".git", "__pycache__")
+# The old run's watch settings (run.json "watch") that the new run keeps, as `rgt-onbox launch` flags.
+CARRIED = (("scalars", "--watch-scalar"), ("log_regex", "--log-regex"), ("stall_floor_s", "--stall-floor"),
+           ("stall_grace_s", "--stall-grace"), ("expected_steps", "--expected-steps"),
+           ("expected_seconds", "--expected-seconds"), ("stale_after_s", "--stale-after"),
+           ("durable_policy", "--durable-policy"))
+Shell = Union[Ssh, LocalShell]
+
+
+class ResumeError(Exception):
+    """The resume cannot go on; `hint` is what a person can do."""
+
+    def __init__(self, message: str, hint: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """One checkpoint custody hashed: its path in the run dir, bytes, step, and a durable copy's path."""
+
+    rel: str
+    sha256: str
+    size: int
+    step: Optional[int]
+    ts: float
+    durable: Optional[str] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Options:
+    checkpoint: Optional[str] = None      # a local file, a path in the run dir, a name or a durable path
+    run_id: Optional[str] = None          # the new run's id (default: UTC time + random)
+    root: Optional[str] = None            # where runs live on HOST (default: the host's, else the box's)
+    cwd: Optional[str] = None             # where the command runs on HOST (default: the old run's cwd)
+    code: Optional[Path] = None           # a local directory pushed to that cwd first
+    onbox_args: Sequence[str] = ()        # more `rgt-onbox launch` arguments
+
+
+@dataclasses.dataclass
+class Plan:
+    run: str                              # the run resumed
+    host: str
+    run_id: str                           # the new run
+    project: str
+    root: str                             # absolute, on HOST
+    cwd: str
+    command: List[str]
+    checkpoint: Checkpoint
+    source: str                           # "local" (pushed) or "durable" (HOST sees it; nothing pushed)
+    local_path: Optional[str]             # the local copy that is pushed
+    resume_from: str                      # the checkpoint's path on HOST (--resume-from)
+    push_bytes: int                       # the checkpoint's bytes when pushed (the code's not counted)
+    code: Optional[str] = None
+    onbox_args: List[str] = dataclasses.field(default_factory=list)
+    notes: List[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.root}/{self.project}/active/{self.run_id}"
+
+    def to_dict(self) -> Dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.update(run_dir=self.run_dir, command_line=shlex.join(self.command))
+        return out
+
+
+def new_run_id(now: Optional[float] = None) -> str:
+    """20240601T120000Z-1a2b3c, as rgt-onbox makes them."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+# ---- what the run was -----------------------------------------------------------------------------
+
+
+def pulled_dirs(store: Store, run_id: str) -> List[Path]:
+    """The run's pulled dirs that still exist here, newest pull (or verify) first."""
+    out: List[Path] = []
+    for ev in reversed(store.local_events(run_id)):
+        where = ev.data.get("dest") or ev.data.get("run_dir")
+        if ev.kind in ("pull.done", "verify.done") and isinstance(where, str) and where:
+            path = Path(where)
+            if path not in out and path.is_dir():
+                out.append(path)
+    return out
+
+
+def _read_json(path: Path) -> Optional[Dict[str, Any]]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def run_doc(store: Store, info: Dict[str, Any], dirs: Sequence[Path]) -> Dict[str, Any]:
+    """The old run's run.json: from a pull, else the store's metadata, else its box; {} when none."""
+    for where in dirs:
+        doc = _read_json(where / "run.json")
+        if doc is not None and doc.get("id") in (None, info["run"]):
+            return doc
+    meta = info.get("meta") or {}
+    if isinstance(meta, dict) and meta.get("command"):
+        return meta
+    if not info.get("target") or not info.get("run_dir"):
+        return {}
+    try:
+        shell = install.shell_for(install.host_record(store, str(info["target"])))
+        path = shlex.quote(str(info["run_dir"]) + "/run.json")
+        done = shell.run(f"cat -- {path}", check=False, timeout_s=30)
+        doc = json.loads(done.stdout) if done.returncode == 0 else None
+    except (SshError, StoreError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def command_of(doc: Dict[str, Any], run: str) -> List[str]:
+    """The command to run again, or ResumeError when it is unknown or was redacted."""
+    command = doc.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+        raise ResumeError(f"no command is known for {run}",
+                          hint=f"rgt pull {run} first: the pull brings its run.json (command and cwd)")
+    if any(REDACTED in arg for arg in command):
+        raise ResumeError(f"the recorded command of {run} was redacted ({REDACTED} stands where a "
+                          "secret-looking value was), so rgt cannot run it again",
+                          hint="take the secret off the command line (rgt secret push HOST NAME, or "
+                               "--onbox-arg=--env=NAME) and start the fixed command with rgt launch")
+    return list(command)
+
+
+# ---- which checkpoint -----------------------------------------------------------------------------
+
+
+def _manifest_records(where: Path) -> Iterator[Dict[str, Any]]:
+    """The custody records in a pulled dir's rgt/manifest.jsonl (torn or foreign lines skipped)."""
+    try:
+        lines = (where / "rgt" / "manifest.jsonl").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("v") == 1:
+            yield obj
+
+
+def _int(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def custody(store: Store, run_id: str, dirs: Sequence[Path]) -> List[Checkpoint]:
+    """Every checkpoint custody hashed for the run (events and pulled manifests), newest first."""
+    found: Dict[Tuple[str, str], Checkpoint] = {}
+
+    def add(d: Mapping[str, Any], ts: Any) -> None:
+        rel, sha, size = d.get("path"), d.get("sha256"), _int(d.get("size"))
+        if isinstance(rel, str) and rel and isinstance(sha, str) and len(sha) == 64 and size is not None \
+                and (rel, sha) not in found:
+            found[(rel, sha)] = Checkpoint(rel, sha, size, _int(d.get("step")), float(ts or 0.0))
+
+    for ev in all_events(store, run_id, "ckpt.saved"):
+        add(ev.data, ev.ts)
+    for where in dirs:
+        for record in _manifest_records(where):
+            add(record, record.get("ts"))
+    for ev in all_events(store, run_id, "ckpt.durable"):
+        ck = found.get((str(ev.data.get("path")), str(ev.data.get("sha256"))))
+        if ck is not None and isinstance(ev.data.get("durable_path"), str):
+            ck.durable = str(ev.data["durable_path"])
+    return sorted(found.values(), key=lambda c: (c.ts, -1 if c.step is None else c.step), reverse=True)
+
+
+def _inside_rel(rel: str) -> bool:
+    parts = rel.split("/")
+    return not rel.startswith("/") and ".." not in parts and "" not in parts
+
+
+class Finder:
+    """Finds usable copies of checkpoints: local files that hash right, durable ones HOST sees."""
+
+    def __init__(self, dirs: Sequence[Path], durable_roots: Sequence[str],
+                 visible: Callable[[str, int], bool], hash_file: Callable[[Path], str] = sha256_of) -> None:
+        self.dirs = list(dirs)
+        self.roots = [r.rstrip("/") for r in durable_roots if r and r.startswith("/")]
+        self.visible = visible
+        self._hash_file = hash_file
+        self._hashes: Dict[Path, str] = {}
+        self.notes: List[str] = []
+
+    def hash(self, path: Path) -> str:
+        if path not in self._hashes:
+            self._hashes[path] = self._hash_file(path)
+        return self._hashes[path]
+
+    def local(self, ck: Checkpoint) -> Optional[Path]:
+        """A pulled copy of `ck` whose bytes hash to its SHA-256 now."""
+        if not _inside_rel(ck.rel):
+            return None
+        for where in self.dirs:
+            path = where / ck.rel
+            try:
+                size = path.stat().st_size if path.is_file() else -1
+            except OSError:
+                continue
+            if size == ck.size and self.hash(path) == ck.sha256:
+                return path
+            if size >= 0:
+                self.notes.append(f"skipped {path}: its bytes are not the {ck.sha256[:12]} custody hashed")
+        return None
+
+    def durable(self, ck: Checkpoint) -> bool:
+        """`ck` has a durable copy under a named durable dir, and HOST sees a file of its size there."""
+        path = posixpath.normpath(ck.durable) if ck.durable else ""
+        return bool(path) and any(path.startswith(root + "/") for root in self.roots) \
+            and self.visible(path, ck.size)
+
+
+def _given(want: str, candidates: List[Checkpoint], finder: Finder,
+           run: str) -> Tuple[List[Checkpoint], Optional[Path]]:
+    """--checkpoint: a local file that hashes to a recorded checkpoint, or a recorded one by name."""
+    path = Path(want).expanduser()
+    if path.is_file():
+        sha = finder.hash(path)
+        same = [c for c in candidates if c.sha256 == sha]
+        if not same:
+            raise ResumeError(f"{path} is no checkpoint custody hashed for {run} (SHA-256 {sha[:12]}... "
+                              "is in none of its records)", hint="leave out --checkpoint and rgt picks one")
+        return same[:1], path
+    chosen = [c for c in candidates if want in (c.rel, posixpath.basename(c.rel), c.durable)]
+    if not chosen:
+        names = ", ".join(c.rel for c in candidates[:5])
+        raise ResumeError(f"--checkpoint {want}: no such checkpoint of {run}", hint=f"hashed ones: {names}")
+    return chosen, None
+
+
+def choose(candidates: List[Checkpoint], finder: Finder, run: str,
+           want: Optional[str] = None) -> Tuple[Checkpoint, str, Optional[Path]]:
+    """(the checkpoint, "durable" or "local", the local copy) to resume from: the newest usable one."""
+    if not candidates:
+        raise ResumeError(f"{run} has no checkpoint custody hashed: there is nothing to resume from",
+                          hint="start it afresh with rgt launch")
+    given: Optional[Path] = None
+    if want:
+        candidates, given = _given(want, candidates, finder, run)
+    for ck in candidates:
+        if given is not None:
+            return ck, "local", given
+        if finder.durable(ck):
+            return ck, "durable", None
+        local = finder.local(ck)
+        if local is not None:
+            return ck, "local", local
+    raise ResumeError(f"none of the {len(candidates)} checkpoints of {run} custody hashed is here (a pulled "
+                      "copy with the recorded bytes) or on a durable path the new box sees",
+                      hint=f"rgt pull {run} first, then rgt resume again")
+
+
+# ---- the plan -------------------------------------------------------------------------------------
+
+
+def _expand(path: str) -> str:
+    """`path` for the box's shell: quoted, a leading ~ being the home there."""
+    if path == "~" or path.startswith("~/"):
+        return '"$HOME"' + (("/" + shlex.quote(path[2:])) if path[2:] else "")
+    return shlex.quote(path)
+
+
+def remote_facts(shell: Shell, root: Optional[str], cwd: str) -> Tuple[str, bool]:
+    """(the runs root on the box as an absolute path, whether `cwd` exists there)."""
+    value = _expand(root) if root else '"${RGT_ROOT:-$HOME/rgt-runs}"'
+    script = (f'r={value}; case "$r" in /*) ;; *) r="$HOME/$r" ;; esac; printf "%s\\n" "$r"; '
+              f"if [ -d {_expand(cwd)} ]; then echo cwd=yes; else echo cwd=no; fi")
+    lines = shell.run(script, timeout_s=60).stdout.decode("utf-8", "replace").splitlines()
+    if len(lines) < 2 or not lines[-2].startswith("/"):
+        raise ResumeError(f"{shell.alias}: could not work out where runs live there (got {lines[-2:]!r})")
+    return posixpath.normpath(lines[-2]), lines[-1] == "cwd=yes"
+
+
+def _watch(doc: Mapping[str, Any]) -> Dict[str, Any]:
+    watch = doc.get("watch")
+    return watch if isinstance(watch, dict) else {}
+
+
+def durable_roots(store: Store, host: str, doc: Dict[str, Any]) -> List[str]:
+    """The durable dirs a checkpoint copy may sit in: HOST's profile's, and the old run's own."""
+    roots: List[str] = []
+    name = str(install.host_record(store, host).get("profile") or "")
+    if name and host != LOCAL:
+        try:
+            found = profiles.load(name, profiles.directory()).scripts.durable_dir
+        except profiles.ProfileError:
+            found = None
+        roots += [found] if found else []
+    watch = _watch(doc)
+    roots += [v for v in (doc.get("durable_dir"), watch.get("durable_dir")) if isinstance(v, str) and v]
+    return roots
+
+
+def _visible(shell: Shell) -> Callable[[str, int], bool]:
+    def visible(path: str, size: int) -> bool:
+        done = shell.run(f"stat -c %s -- {shlex.quote(path)}", check=False, timeout_s=60)
+        return done.returncode == 0 and done.stdout.strip() == str(size).encode()
+    return visible
+
+
+def carried_args(doc: Dict[str, Any], given: Sequence[str]) -> List[str]:
+    """The old run's watch settings as launch flags, except those the user passes himself."""
+    watch = _watch(doc)
+    out: List[str] = []
+    for key, flag in CARRIED:
+        value = watch.get(key)
+        if value is None or any(a == flag or a.startswith(flag + "=") for a in given):
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            out.append(f"{flag}={item}")
+    return out
+
+
+def _notes(doc: Dict[str, Any], host: str) -> List[str]:
+    notes = []
+    if doc.get("env_set"):
+        notes.append(f"the old run set {', '.join(map(str, doc['env_set']))} with --env; values are never "
+                     "recorded: pass them again with --onbox-arg=--env=NAME")
+    if doc.get("secrets"):
+        notes.append(f"the old run had the box secrets {', '.join(map(str, doc['secrets']))}; push them to "
+                     f"{host} first if they are not there (rgt secret push {host} NAME)")
+    return notes
+
+
+def _new_id(store: Store, wanted: Optional[str]) -> str:
+    run_id = wanted or new_run_id()
+    if not SAFE_ID.match(run_id):
+        raise ResumeError(f"run id {run_id!r} must be 1-128 of A-Z a-z 0-9 . _ - (starting alphanumeric)")
+    if run_id in {str(r["run"]) for r in store.runs()}:
+        raise ResumeError(f"run {run_id} exists already", hint="leave out --run-id, or name a new one")
+    return run_id
+
+
+def make_plan(store: Store, run: str, host: str, opts: Options, shell: Optional[Shell] = None) -> Plan:
+    """Everything `rgt resume` will do, decided; nothing is pushed or started (see the module doc)."""
+    info = store.run(run)
+    run_id = str(info["run"])
+    record = install.host_record(store, host)
+    dirs = pulled_dirs(store, run_id)
+    doc = run_doc(store, info, dirs)
+    command = command_of(doc, run_id)
+    cwd = opts.cwd or doc.get("cwd")
+    if not isinstance(cwd, str) or not cwd:
+        raise ResumeError(f"no working directory is known for {run_id}", hint="name one with --cwd DIR")
+    project = str(doc.get("project") or "")
+    project = project if SAFE_ID.match(project) else "default"
+    new_id = _new_id(store, opts.run_id)
+    candidates = custody(store, run_id, dirs)
+    shell = shell or install.shell_for(record)
+    root, cwd_there = remote_facts(shell, opts.root or str(record.get("root") or "") or None, cwd)
+    if not cwd_there and opts.code is None:
+        raise ResumeError(f"the command's directory {cwd} does not exist on {host}",
+                          hint="push the code there with --code DIR, or run elsewhere with --cwd DIR")
+    finder = Finder(dirs, durable_roots(store, host, doc), _visible(shell))
+    ck, source, local = choose(candidates, finder, run_id, opts.checkpoint)
+    run_dir = f"{root}/{project}/active/{new_id}"
+    there = ck.durable if source == "durable" and ck.durable else \
+        f"{run_dir}/checkpoints/{posixpath.basename(ck.rel)}"
+    return Plan(run=run_id, host=host, run_id=new_id, project=project, root=root, cwd=cwd, command=command,
+                checkpoint=ck, source=source, local_path=str(local) if local else None, resume_from=there,
+                push_bytes=ck.size if source == "local" else 0,
+                code=str(Path(opts.code).resolve()) if opts.code else None,
+                onbox_args=carried_args(doc, opts.onbox_args) + list(opts.onbox_args),
+                notes=finder.notes + _notes(doc, host))
+
+
+# ---- doing it -------------------------------------------------------------------------------------
+
+
+def code_excludes(store: Store, code: Path) -> List[str]:
+    """What a --code push leaves out: .git, __pycache__, and every pulled run under `code`."""
+    out = list(CODE_EXCLUDES)
+    base = code.resolve()
+    for r in store.runs():
+        for where in pulled_dirs(store, str(r["run"])):
+            for path in (where, where.with_name(where.name + ".partial")):
+                if base in path.resolve().parents:
+                    out.append("/" + path.resolve().relative_to(base).as_posix())
+    return out
+
+
+def launch_line(plan: Plan, onbox: str, record: Dict[str, Any]) -> str:
+    """The shell line that starts the resumed run on the box (every word quoted)."""
+    args = ["launch", "--json", "--run-id", plan.run_id, "--project", plan.project, "--root", plan.root]
+    profile = str(record.get("profile") or "") if plan.host != LOCAL else ""
+    if profile:
+        args += ["--profile", profile]
+    if plan.host == LOCAL and not any(a.startswith("--deadman") for a in plan.onbox_args):
+        args += ["--deadman", "off"]  # nothing bills on this machine
+    args += ["--resume-from", plan.resume_from, "--resume-sha256", plan.checkpoint.sha256]
+    if plan.checkpoint.step is not None:
+        args += ["--resume-step", str(plan.checkpoint.step)]
+    args += ["--resumes", plan.run, *plan.onbox_args]
+    return f"cd -- {_expand(plan.cwd)} && {onbox} {shlex.join(args)} -- {shlex.join(plan.command)}"
+
+
+def execute(store: Store, plan: Plan, shell: Optional[Shell] = None) -> Dict[str, Any]:
+    """Push, launch, record; the launcher's JSON answer with host, resumed_from and checkpoint added."""
+    record = install.host_record(store, plan.host)
+    shell = shell or install.shell_for(record)
+    onbox = install.onbox_command(store, plan.host)
+    try:
+        if isinstance(shell, Ssh):
+            shell.start_master()  # it ends itself once idle (ssh.MASTER_IDLE_S)
+        install.check_version(shell, onbox, plan.host)
+        if plan.code:
+            shell.push(Path(plan.code), plan.cwd, excludes=code_excludes(store, Path(plan.code)))
+        if plan.source == "local" and plan.local_path:
+            shell.push(Path(plan.local_path), plan.resume_from)
+        out = shell.run(launch_line(plan, onbox, record), check=False, timeout_s=LAUNCH_TIMEOUT_S)
+    except InstallError as e:
+        raise ResumeError(e.message, e.hint) from e
+    except SshError as e:
+        raise ResumeError(e.message, e.hint) from e
+    answer = last_json_object(out.stdout)
+    if out.returncode != 0 or answer is None or "run_id" not in answer:
+        raise ResumeError(f"{plan.host} refused the resumed launch (exit {out.returncode}): "
+                          f"{error_tail(out.stderr)}", hint=f"nothing runs there; see `rgt resume {plan.run} "
+                          f"--on {plan.host} --dry-run` for the plan")
+    new = str(answer["run_id"])
+    store.upsert_run(new, host="", target=plan.host, run_dir=str(answer["run_dir"]))
+    store.set_lineage(new, resumed_from=plan.run)
+    return {**answer, "host": plan.host, "resumed_from": plan.run, "checkpoint": plan.checkpoint.to_dict(),
+            "source": plan.source, "pushed_bytes": plan.push_bytes}
+
+
+__all__ = ["Checkpoint", "Finder", "Options", "Plan", "ResumeError", "choose", "command_of", "custody",
+           "execute", "launch_line", "make_plan", "new_run_id", "pulled_dirs", "remote_facts", "run_doc"]
