@@ -320,14 +320,67 @@ def stop(run: str, root: Optional[Path], grace: str, as_json: bool) -> None:
 
 @main.command()
 @_root_option
+@click.option("--run", "only", default=None, metavar="RUN",
+              help="Only run RUN and, for a multi-node run, each of its node streams (RUN.<node>).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: {root, runs: [...]}.")
-def ps(root: Optional[Path], as_json: bool) -> None:
+def ps(root: Optional[Path], only: Optional[str], as_json: bool) -> None:
     """Runs on this box: state (running, stopping, exited code N, vanished), job pid,
     sidecar up/down, last event seq."""
-    from .runs import default_root, list_runs, render_ps
+    from .runs import default_root, list_runs, read_json, render_ps, run_dirs, run_status
 
     where = root or default_root()
-    render_ps(list_runs(where), where, as_json, sys.stdout)
+    if only is None:
+        statuses = list_runs(where)
+    else:  # a node stream's run.json names its group (onbox/nodes.py)
+        statuses = [run_status(d) for d in run_dirs(where)
+                    if d.name == only or (read_json(d / "run.json") or {}).get("group") == only]
+    render_ps(statuses, where, as_json, sys.stdout)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--node", default=None, metavar="NAME|auto",
+              help="Follow node NAME's stream, <RUN_DIR>.<NAME> (auto: as `launch --node auto`).")
+@click.option("--wait-start", default="10m", show_default=True,
+              help="How long to wait for the launcher's rgt/job.json before giving up.")
+@click.option("--linger", default="1m", show_default=True,
+              help="Keep serving this long after the job's exit is journaled.")
+@click.option("--gpu", default="auto", show_default=True, metavar="auto|none|fake:SCENARIO",
+              help="The sidecar's GPU source.")
+@click.option("--serve-arg", "serve_args", multiple=True, hidden=True,
+              help="Extra `rgt-onbox serve` argument (tests: --heartbeat 1).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+@click.pass_context
+def follow(ctx: click.Context, run_dir: Path, node: Optional[str], wait_start: str, linger: str, gpu: str,
+           serve_args: Tuple[str, ...], log_level: str) -> None:
+    """Serve a run started elsewhere with `launch --no-sidecar`, in the foreground, until its job ends.
+
+    For a Kubernetes sidecar container that mounts the run volume and shares the pod's
+    process namespace. Waits for RUN_DIR/rgt/job.json, then keeps the run's sidecar up
+    (restarted if it dies). Exit 0 once the job's exit is journaled (a first SIGTERM waits
+    for that), 1 when no job appeared within --wait-start, 2 on bad usage.
+    """
+    _setup_logging("debug" if ctx.obj["debug"] else log_level)
+    from .follow import Follower, FollowError, FollowUsageError, lower_priority, resolve_run_dir
+    from .runs import parse_duration
+
+    try:
+        wait_s, linger_s = parse_duration(wait_start), parse_duration(linger)
+        target = resolve_run_dir(run_dir, node)
+    except (ValueError, FollowUsageError) as e:
+        raise _fail(str(e), code=2) from None
+    lower_priority()
+    follower = Follower(target, wait_start_s=wait_s, linger_s=linger_s,
+                        serve_args=["--gpu", gpu, *serve_args])
+    _install_signals(follower.signal)
+    try:
+        result = follower.run()
+    except FollowError as e:
+        raise _fail(str(e), e.hint) from None
+    if result.wrapper_pid is not None and not result.reported:
+        click.echo(f"warning: the job in {target} ended without its exit journaled; see rgt/sidecar.log",
+                   err=True)
 
 
 def _install_signals(stop: Any) -> None:
