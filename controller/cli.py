@@ -53,6 +53,9 @@ LAZY: Dict[str, Tuple[str, str]] = {
     "explain": ("controller.cli_explain", "explain_command"),
     "reconcile": ("controller.cli_reconcile", "reconcile_command"),
     "compare": ("controller.cli_compare", "compare_command"),
+    "track": ("controller.cli_track", "track_command"),
+    "resume": ("controller.cli_resume", "resume_command"),
+    "queue": ("controller.cli_queue", "queue_group"),
 }
 
 

@@ -185,28 +185,73 @@ def _age(ts: Optional[float]) -> str:
     return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
 
 
-@click.command("runs", cls=RgtCommand)
-@JSON_OPTION
-def runs_command(as_json: bool) -> None:
-    """The runs rgt knows, newest first: host, state, last event, watcher."""
+def _group_state(nodes: Sequence[Dict[str, Any]]) -> str:
+    """A multi-node run's state from its nodes', cheaply (`rgt status RUN` says more)."""
+    states = [n["state"] for n in nodes]
+    if not states:
+        return "starting"
+    if "failed" in states:
+        return "rank_failed" if any(s in ("running", "starting") for s in states) else "failed"
+    return "finished" if all(s == "finished" for s in states) else "running"
+
+
+def _run_rows(store: Store, only: Optional[str]) -> List[Dict[str, Any]]:
+    """One row per run, newest first; a multi-node group's row followed by its node streams'."""
+    from controller import groups
     from controller.watcher import running_pid
 
+    infos = store.runs()
+    chosen = store.resolve_run(only) if only else None
+    now = time.time()
+
+    def row(r: Dict[str, Any]) -> Dict[str, Any]:
+        run = str(r["run"])
+        return {"run": run, "host": r["target"] or r["host"], "run_dir": r["run_dir"],
+                "last_seq": r["last_seq"], "watcher_pid": running_pid(run), "group": r["group_run"] or None,
+                "node": r["node"] or None, "resumed_from": r["resumed_from"] or None,
+                **boxes.run_state(store, run, now)}
+
     rows: List[Dict[str, Any]] = []
+    for r in infos:
+        if chosen is not None and r["run"] != chosen:
+            continue
+        if groups.is_group(r):
+            nodes = [row(m) for m in groups.members(store, str(r["run"]), infos)]
+            hosts = sorted({str(n["host"]) for n in nodes if n["host"]})
+            rows.append({"run": r["run"], "host": ",".join(hosts), "run_dir": "", "last_seq": None,
+                         "watcher_pid": None, "group": r["run"], "node": None,
+                         "nodes": [n["node"] for n in nodes], "state": _group_state(nodes),
+                         "last_event_ts": max((n.get("last_event_ts") or 0.0 for n in nodes), default=None)
+                         or None, "link": "-"})
+            rows += nodes
+        elif chosen is not None or not r["group_run"]:
+            rows.append(row(r))
+    return rows
+
+
+@click.command("runs", cls=RgtCommand)
+@click.argument("run", required=False, metavar="[RUN]")
+@JSON_OPTION
+def runs_command(run: Optional[str], as_json: bool) -> None:
+    """The runs rgt knows, newest first: host, state, last event, watcher.
+
+    A multi-node run shows as its group, then one line per node. With RUN: only that run.
+    """
     with Store.open() as store:
-        for r in store.runs():
-            run = str(r["run"])
-            rows.append({"run": run, "host": r["target"] or r["host"], "run_dir": r["run_dir"],
-                         "last_seq": r["last_seq"], "watcher_pid": running_pid(run),
-                         **boxes.run_state(store, run, time.time())})
+        rows = _run_rows(store, run)
     if as_json:
         emit_json({"runs": rows})
         return
-    click.echo(f"{'RUN':<34} {'HOST':<12} {'STATE':<10} {'LINK':<8} {'LAST':>6} {'SEQ':>7} WATCHER")
+    click.echo(f"{'RUN':<34} {'HOST':<12} {'STATE':<11} {'LINK':<8} {'LAST':>6} {'SEQ':>7} WATCHER")
     for row in rows:
         state = row["state"] + (f" {row['code']}" if row.get("code") not in (None, 0) else "")
+        name = f"{row['run']} ({len(row['nodes'])} nodes)" if "nodes" in row else (
+            f"  {row['node']}: {row['run']}" if row.get("node") else row["run"])
+        name += f" (<- {row['resumed_from']})" if row.get("resumed_from") else ""
+        seq = "-" if row["last_seq"] is None else row["last_seq"]
         click.echo(render.printable(
-            f"{row['run']:<34} {row['host'] or '-':<12} {state:<10} {row['link']:<8} "
-            f"{_age(row.get('last_event_ts')):>6} {row['last_seq']:>7} {row['watcher_pid'] or '-'}"))
+            f"{name:<34} {row['host'] or '-':<12} {state:<11} {row['link']:<8} "
+            f"{_age(row.get('last_event_ts')):>6} {seq:>7} {row['watcher_pid'] or '-'}"))
 
 
 @click.command("stop", cls=RgtCommand)

@@ -12,13 +12,13 @@ import dataclasses
 import logging
 import re
 from pathlib import Path
-from typing import Any, Callable, Dict, NoReturn, Optional, Sequence
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
 import click
 import protocol
 
+from controller import groups, status_group, wake
 from controller import status as status_mod
-from controller import wake
 from controller.catalog import CatalogError
 from controller.clibase import CliError, RgtCommand, emit_json, sigterm_as_interrupt
 from controller.explain import entry_for_event
@@ -190,28 +190,53 @@ def status_command(run: Optional[str], as_json: bool, ref: Optional[str]) -> Non
     """Where RUN stands: state, progress and ETA, metrics and their age, GPUs, newest checkpoint,
     disk, open conditions, link. Without RUN: every run, newest first.
 
+    A multi-node run (`rgt track`) shows one line per node and the group's verdict.
+
     \b
     Examples:
       rgt status train-7f3a
       rgt status train-7f3a --ref train-baseline --json
     """
     with Store.open() as store:
-        ids = [store.resolve_run(run)] if run else [str(r["run"]) for r in store.runs()]
+        ids = _status_ids(store, run)
         ref_id = store.resolve_run(ref) if ref else None
+        if ref_id and any(nodes is not None for nodes in ids.values()):
+            raise CliError("--ref compares one run with another: give one node stream of the group",
+                           hint="rgt runs lists them")
         starter = _watcher_starter(store)
-        for run_id in ids:
-            try:
-                starter(run_id)
-            except Exception:  # status shows what is stored even when the watcher cannot start
-                log.warning("could not start the background watcher of %s", run_id, exc_info=True)
-        summaries = [status_mod.summarize(store, run_id, ref_id if ref_id != run_id else None)
-                     for run_id in ids]
+        for run_id, nodes in ids.items():
+            for stream in nodes if nodes is not None else [run_id]:
+                try:
+                    starter(stream)
+                except Exception:  # status shows what is stored even when the watcher cannot start
+                    log.warning("could not start the background watcher of %s", stream, exc_info=True)
+        summaries = [status_group.summarize(store, run_id) if nodes is not None else
+                     status_mod.summarize(store, run_id, ref_id if ref_id != run_id else None)
+                     for run_id, nodes in ids.items()]
     if as_json:
         emit_json(summaries[0] if run else {"runs": summaries})
     elif not summaries:
-        click.echo("no runs stored yet (`rgt launch` or `rgt attach` records them)")
+        click.echo("no runs stored yet (`rgt launch`, `rgt track` or `rgt attach` records them)")
     else:
-        click.echo("\n\n".join(status_mod.render(s) for s in summaries))
+        click.echo("\n\n".join(status_group.render(s) if s.get("group") else status_mod.render(s)
+                                for s in summaries))
+
+
+def _status_ids(store: Store, run: Optional[str]) -> Dict[str, Optional[List[str]]]:
+    """Run id -> the node streams of a multi-node group, or None for a plain run. Without RUN,
+    every run newest first, with a group's node streams shown within the group, not alone."""
+    infos = store.runs()
+    chosen = [store.resolve_run(run)] if run else None
+    out: Dict[str, Optional[List[str]]] = {}
+    for info in infos:
+        run_id = str(info["run"])
+        if chosen is not None and run_id not in chosen:
+            continue
+        if groups.is_group(info):
+            out[run_id] = [str(m["run"]) for m in groups.members(store, run_id, infos)]
+        elif chosen is not None or not info.get("group_run"):
+            out[run_id] = None
+    return out
 
 
 # ---- rgt plot ---------------------------------------------------------------------

@@ -15,6 +15,13 @@ watching late still learns of a NaN. Events may land out of seq order (gap
 repair), so the loop remembers which seqs it judged above the run's cursor
 rather than only the largest one. Waiting is a cheap PRAGMA data_version poll;
 the events are re-read only when another connection committed.
+
+A multi-node run (controller.groups) is watched as its group's row and every node stream. The
+group's verdicts (job.rank_failed, the hung verdict) are recorded by the node streams' watchers;
+the watch checks them too, as it starts, at most every GROUP_CHECK_S while events arrive, and
+when a node's failed exit is about to wake it while other nodes run: it then wakes on the
+job.rank_failed that explains the exit, and that exit does not wake the next watch again. A node
+that finished cleanly ends the watch only once every node has.
 """
 from __future__ import annotations
 
@@ -24,8 +31,8 @@ import logging
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set
 
+from controller import groups, status_group, wake
 from controller import status as status_mod
-from controller import wake
 from controller.render import printable
 from controller.store import LocalEvent, Store
 from controller.wake import AnyEvent, Policy, seconds
@@ -39,6 +46,7 @@ EXIT_LINK = 4
 POLL_S = 0.05
 ENSURE_EVERY_S = 5.0
 PAGE = 5000
+GROUP_CHECK_S = 1.0   # how often a watch checks its groups itself (their node watchers do it too)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +68,17 @@ class _Run:
     last_life: Optional[AnyEvent] = None  # newest job.started/exited, sidecar.started/stopping
     link_lost: Optional[LocalEvent] = None   # the newest link.* event, when it is link.lost
     deferred: List[AnyEvent] = dataclasses.field(default_factory=list)  # held back by quiet hours
+    group: bool = False                   # a multi-node group's row: its nodes are watched with it
+    members: List[str] = dataclasses.field(default_factory=list)       # a group's node streams
+    siblings: List[_Run] = dataclasses.field(default_factory=list)     # its group's row and other nodes
 
     def over(self) -> bool:
+        if self.group:
+            return all(s.over() for s in self.siblings)
         return self.last_life is not None and self.last_life.kind in ("job.exited", "sidecar.stopping")
+
+    def others_live(self) -> bool:
+        return any(not s.over() for s in self.siblings if not s.group)
 
     def note(self, ev: AnyEvent) -> None:
         if isinstance(ev, LocalEvent):
@@ -81,14 +97,58 @@ def policy_for(store: Store, run: str, overrides: Mapping[str, Any]) -> Policy:
 
 
 def live_runs(store: Store) -> List[str]:
-    """Runs whose newest lifecycle event is not a job exit or a sidecar stop, newest first."""
-    out = []
-    for info in store.runs():
+    """Runs whose newest lifecycle event is not a job exit or a sidecar stop, newest first;
+    a multi-node group's row while one of its node streams is."""
+    infos = store.runs()
+    live = set()
+    for info in infos:
         st = _Run(str(info["run"]), Policy())
         _lifecycle(store, st)
-        if not st.over():
-            out.append(st.run)
-    return out
+        if not groups.is_group(info) and not st.over():
+            live.add(st.run)
+
+    def group_live(info: Mapping[str, Any]) -> bool:
+        return any(m["run"] in live for m in groups.members(store, str(info["run"]), infos))
+
+    return [str(i["run"]) for i in infos if i["run"] in live or (groups.is_group(i) and group_live(i))]
+
+
+def _expand(store: Store, names: Sequence[str]) -> List[str]:
+    """The runs to watch for these: a multi-node group's row brings its node streams along."""
+    infos = store.runs()
+    by_id = {str(i["run"]): i for i in infos}
+    out: List[str] = []
+    for name in names:
+        out.append(name)
+        if name in by_id and groups.is_group(by_id[name]):
+            out += [str(m["run"]) for m in groups.members(store, name, infos)]
+    return list(dict.fromkeys(out))
+
+
+def _link_groups(store: Store, states: Dict[str, _Run]) -> None:
+    """Tie each watched group's row to its watched node streams, and the streams to each other."""
+    infos = store.runs()
+    for info in infos:
+        run = str(info["run"])
+        if run not in states or not groups.is_group(info):
+            continue
+        st = states[run]
+        st.group = True
+        st.members = [str(m["run"]) for m in groups.members(store, run, infos)]
+        nodes = [states[m] for m in st.members if m in states]
+        st.siblings = nodes
+        for node in nodes:
+            node.siblings = [st, *(other for other in nodes if other is not node)]
+
+
+def _check_groups(store: Store, states: Mapping[str, _Run]) -> None:
+    """Record what the watched groups' nodes say together before anything is judged."""
+    for st in states.values():
+        if st.group:
+            try:
+                groups.check(store, st.run)
+            except Exception:  # the watch goes on with what is stored; the reason is logged
+                log.warning("could not check the group %s", st.run, exc_info=True)
 
 
 def _lifecycle(store: Store, st: _Run) -> None:
@@ -155,6 +215,16 @@ def _mark(store: Store, run: str, key: str, woken: Dict[str, float], t: float) -
     woken[fresh] = t
 
 
+def _absorb_reported_exit(store: Store, found: wake.Wake) -> None:
+    """A job.rank_failed told of its node's failed exit: that exit does not wake the next watch."""
+    data = found.event.get("data")
+    if found.event.get("kind") != "job.rank_failed" or not isinstance(data, dict):
+        return
+    stream, seq = data.get("stream"), data.get("exit_seq")
+    if isinstance(stream, str) and isinstance(seq, int) and not isinstance(seq, bool):
+        store.mark_woken(stream, wake.absorbed_key(f"seq:{seq}"))
+
+
 class _Watch:
     def __init__(self, store: Store, now: Callable[[], float]) -> None:
         self.store = store
@@ -179,14 +249,47 @@ class _Watch:
         if not found:
             return None
         best = max(found, key=_priority)  # max keeps the first of equals: the oldest
+        if best.clean_exit is False and st.others_live():
+            told = self.rank_failed(st, best)
+            if told is not None:
+                return told
         t = self.now()
         _mark(self.store, st.run, best.key, woken, t)
+        if best.clean_exit and st.others_live():
+            return None  # one node finished; the run has not until every node has
         if best.clean_exit is None:
             _mark(self.store, st.run, best.condition, woken, t)
+        _absorb_reported_exit(self.store, best)
         record = best.record(t)
         others = {w.condition for w in found if w.condition != best.condition}
         record["pending"] = len(others)  # material events the next watches will report
         return WatchResult(int(record["exit"]), record)
+
+    def rank_failed(self, st: _Run, exit_wake: wake.Wake) -> Optional[WatchResult]:
+        """A node's failed exit while other nodes of a watched group run is what job.rank_failed
+        says: make sure it is recorded (groups.check) and wake on it, on the group's row."""
+        group = next((s for s in st.siblings if s.group), None)
+        if group is None:
+            return None
+        try:
+            groups.check(self.store, group.run)
+        except Exception:  # the exit itself still wakes; the reason is logged
+            log.warning("could not check the group %s", group.run, exc_info=True)
+            return None
+        seq = exit_wake.event.get("seq")
+        for ev in self.store.local_events(group.run, kind_prefix="job.rank_failed"):
+            if ev.data.get("stream") != st.run or ev.data.get("exit_seq") != seq:
+                continue
+            woken = self.store.woken(group.run)
+            found = wake.judge(ev, group.policy, self.now(), woken).wake
+            if found is None:
+                return None
+            t = self.now()
+            _mark(self.store, group.run, found.key, woken, t)
+            _mark(self.store, group.run, found.condition, woken, t)
+            _absorb_reported_exit(self.store, found)
+            return WatchResult(int(found.record(t)["exit"]), {**found.record(t), "pending": 0})
+        return None
 
     def step(self, runs: Dict[str, _Run], changed: bool) -> Optional[WatchResult]:
         """Judge what arrived since the last step (when the store changed), then what quiet
@@ -247,7 +350,7 @@ class _Watch:
         assert last is not None
         woken = self.store.woken(pick.run)
         key = wake.event_key(last)
-        reported = wake.last_woken(key, woken) is not None
+        reported = wake.last_woken(key, woken) is not None or wake.absorbed_key(key) in woken
         _mark(self.store, pick.run, key, woken, t)
         code = EXIT_MATERIAL if bad else EXIT_CLEAN
         names = ", ".join(printable(r) for r in runs)
@@ -268,8 +371,9 @@ class _Watch:
     def timeout(self, runs: Dict[str, _Run], timeout_s: Optional[float]) -> WatchResult:
         t = self.now()
         lines = {}
-        for run in runs:
-            lines[run] = status_mod.one_line(status_mod.summarize(self.store, run, now=t))
+        for run, st in runs.items():
+            lines[run] = (status_group.one_line(status_group.summarize(self.store, run, now=t)) if st.group
+                          else status_mod.one_line(status_mod.summarize(self.store, run, now=t)))
         record: Dict[str, Any] = {"exit": EXIT_TIMEOUT, "runs": list(runs), "status": lines,
                                   "timeout_s": timeout_s, "woke_at": t}
         if len(runs) == 1:
@@ -303,11 +407,14 @@ def watch(store: Store, runs: Sequence[str] = (), *, all_runs: bool = False,
         raise ValueError("give one or more runs, or all_runs, not both")
     overrides = wake.check_layer(policy_overrides or {})
     started = monotonic()
-    names = live_runs(store) if all_runs else list(dict.fromkeys(store.resolve_run(r) for r in runs))
+    names = live_runs(store) if all_runs else [store.resolve_run(r) for r in runs]
+    names = _expand(store, names)
     if not names:
-        return WatchResult(EXIT_CLEAN, {"exit": EXIT_CLEAN, "runs": [], "woke_at": now(),
-                                        "status": "nothing to watch: every run in the store has ended"})
+        return _nothing(now())
     states = {run: _start(store, run, overrides, from_now) for run in names}
+    _link_groups(store, states)
+    known = set(states)  # ever watched here: a run that ended stays out
+    next_group_check = started
     w = _Watch(store, now)
     _ensure(ensure_watcher, names)
     next_ensure = started + ensure_every_s
@@ -316,6 +423,9 @@ def watch(store: Store, runs: Sequence[str] = (), *, all_runs: bool = False,
     first = True
     while True:
         current = store.data_version()
+        if first or (current != version and monotonic() >= next_group_check):
+            next_group_check = monotonic() + GROUP_CHECK_S
+            _check_groups(store, states)
         result = w.step(states, changed=current != version)
         version = current
         if result is not None:
@@ -326,7 +436,8 @@ def watch(store: Store, runs: Sequence[str] = (), *, all_runs: bool = False,
             for run in over:
                 del states[run]
             if not states:
-                return w.nothing_left(over, now())
+                ended = {run: st for run, st in over.items() if not st.group}
+                return w.nothing_left(ended, now()) if ended else _nothing(now())
         result = w.link_down(states)
         if result is not None:
             return result
@@ -334,13 +445,29 @@ def watch(store: Store, runs: Sequence[str] = (), *, all_runs: bool = False,
             return w.timeout(states, timeout_s)
         if monotonic() >= next_ensure:
             next_ensure = monotonic() + ensure_every_s
-            if all_runs:
-                for run in live_runs(store):
-                    if run not in states:
-                        states[run] = _start(store, run, overrides, False)
-                        version = None  # judge the new run's stored events at the next poll
+            if _add_new(store, states, known, all_runs, overrides):
+                version = None  # judge the new runs' stored events at the next poll
             _ensure(ensure_watcher, list(states))
         sleep(poll_s)
+
+
+def _nothing(t: float) -> WatchResult:
+    return WatchResult(EXIT_CLEAN, {"exit": EXIT_CLEAN, "runs": [], "woke_at": t,
+                                    "status": "nothing to watch: every run in the store has ended"})
+
+
+def _add_new(store: Store, states: Dict[str, _Run], known: Set[str], all_runs: bool,
+             overrides: Mapping[str, Any]) -> bool:
+    """Runs that appeared since: live ones (with all_runs) and node streams of watched groups."""
+    found = live_runs(store) if all_runs else []
+    found = _expand(store, found + [run for run, st in states.items() if st.group])
+    fresh = [run for run in found if run not in known]
+    known.update(fresh)
+    for run in fresh:
+        states[run] = _start(store, run, overrides, False)
+    if fresh:
+        _link_groups(store, states)
+    return bool(fresh)
 
 
 __all__ = ["EXIT_CLEAN", "EXIT_LINK", "EXIT_MATERIAL", "EXIT_TIMEOUT", "WatchResult", "live_runs",

@@ -13,7 +13,8 @@ ZeroMQ reconnects by itself and the subscriber's `since` repair fetches what
 was published meanwhile, so nothing is lost or stored twice. A broken link
 says only that the transport is down: the events say so, never that the job
 died. When the link is up but no event arrives for three heartbeat intervals,
-`sidecar.silent` is recorded.
+`sidecar.silent` is recorded. A node stream of a multi-node run also checks its group's
+verdicts (controller.groups) after each job event it stores, and every GROUP_RECHECK_S.
 
     python -m controller.watcher RUN     (what ensure_watcher starts; logs to watchers/RUN.log)
 """
@@ -37,7 +38,7 @@ from typing import Any, Callable, Dict, Optional, Protocol, Sequence
 from protocol import Event, ProtocolError
 from protocol.endpoints import Endpoints
 
-from controller import paths
+from controller import groups, paths
 from controller.ssh import Backoff, Ssh, SshError, short_socket_path, ssh_config_file
 from controller.store import Store
 from controller.subscriber import Subscriber, SubscriberError
@@ -53,6 +54,7 @@ FULL_CHECK_S = 10.0          # how often `ssh -O check` confirms what /proc says
 STARTUP_GRACE_S = 10.0       # a link never up yet (sidecar starting) is not "lost" before this
 LINK_NOTE = "only the transport is known to be down; this says nothing about the job"
 RENEW_EVERY_S = 300.0        # the box's dead-man lease is renewed this often while a run is watched
+GROUP_RECHECK_S = 30.0       # a node stream re-checks its group this often (a clean exit's grace)
 
 
 def renew_every_s() -> float:
@@ -107,7 +109,13 @@ def running_pid(run: str) -> Optional[int]:
 
 
 def _finished(store: Store, run: str) -> bool:
-    return bool(store.events(run, kind_prefix="sidecar.stopping", limit=1))
+    """The sidecar of the run's latest attempt was seen stopping. A run relaunched in place (the
+    same run id: `rgt queue`'s retry, `rgt launch --run-id`) has an earlier attempt's stop stored."""
+    stops = store.events(run, kind_prefix="sidecar.stopping")
+    if not stops:
+        return False
+    starts = store.events(run, kind_prefix="job.started")
+    return not starts or stops[-1].seq > starts[-1].seq
 
 
 def ensure_watcher(store: Store, run: str, wait_s: float = 5.0) -> Optional[int]:
@@ -295,6 +303,9 @@ class Watcher:
         self._silent = False
         self._exited_at: Optional[float] = None
         self._stopping = False
+        self._group: Optional[str] = None        # its multi-node group; "" when it has none
+        self._group_due = False                  # a job event arrived since the last check
+        self._group_next: Optional[float] = None
         self._lock = threading.Lock()
 
     # called from the subscriber thread
@@ -302,6 +313,7 @@ class Watcher:
         with self._lock:
             self._last_event = self._mono()
             for ev in events:
+                self._group_due = self._group_due or groups.is_trigger(ev.kind)
                 if ev.kind == "heartbeat":
                     interval = ev.data.get("interval_s")
                     if isinstance(interval, (int, float)) and interval > 0:
@@ -336,6 +348,7 @@ class Watcher:
                     thread.start()
                 if sub is not None:
                     self._check_silence(store)
+                    self._check_group(store)
                     if self.done(sub) or (thread is not None and not thread.is_alive()):
                         break
                 self.stop.wait(SUPERVISE_S)
@@ -397,6 +410,24 @@ class Watcher:
             self._lost_recorded = True
             store.add_local_event(self.run, "link.lost", "warn", {"reason": why, "note": LINK_NOTE})
             log.warning("run %s: link lost: %s (%s)", self.run, why, LINK_NOTE)
+
+    def _check_group(self, store: Store) -> None:
+        """Multi-node: record the group's verdicts (controller.groups.check) once a job event of
+        this stream is stored, and every GROUP_RECHECK_S. Its failure never stops the watcher."""
+        with self._lock:
+            due, self._group_due = self._group_due, False
+        now = self._mono()
+        first = self._group_next is None
+        if not (first or due or (self._group and self._group_next is not None and now >= self._group_next)):
+            return
+        self._group_next = now + GROUP_RECHECK_S
+        try:
+            if self._group is None or (due and not self._group):
+                self._group = groups.group_of(store, self.run) or ""
+            if self._group:
+                groups.check(store, self._group)
+        except Exception:  # a verdict about the group must never cost this stream its watcher
+            log.exception("run %s: checking its group %s failed", self.run, self._group)
 
     def _check_silence(self, store: Store) -> None:
         if not self.link_up:
