@@ -169,24 +169,11 @@ def probe_box(store: Store, host: str) -> bool:
 
 def watch_run(store: Store, run: str, since_seq: int) -> Optional[int]:
     """Make sure RUN's attempt that began after seq since_seq has its background watcher; its pid.
-
-    ensure_watcher skips a run whose sidecar was seen stopping. A run resumed in place has its
-    earlier attempt's `sidecar.stopping` in the store, so while the new attempt's sidecar has
-    not been seen stopping, the watcher is started here (its subscriber carries on from the
-    store's cursor)."""
+    (ensure_watcher looks at the latest attempt only, so a run resumed in place gets one too.)"""
     from controller import watcher
 
-    pid = watcher.ensure_watcher(store, run)
-    if pid is not None or since_seq <= 0 or not store.run(run)["target"]:
-        return pid
-    start = q.attempt_start(store, run, since_seq)
-    if start is not None and store.events(run, since=start, kind_prefix="sidecar.stopping", limit=1):
-        return None
-    with open(watcher.files(run).log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "controller.watcher", run],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
-    return proc.pid
+    del since_seq
+    return watcher.ensure_watcher(store, run)
 
 
 def stop_old_watcher(run: str) -> None:

@@ -477,7 +477,8 @@ _TEMPLATES: Dict[str, Template] = {
     "train.slow": "steps advance while the GPU idles ({gpu_util_pct}% busy): data-bound",
     "train.short_run": "the job finished early: {fraction} of its expected {by}",
     "job.stalled": lambda d: "no progress for {idle_s} (budget {budget_s}){at}; verdict {verdict}" + (
-        ", GPU {gpu_util_pct}% busy" if d.get("gpu_util_pct") is not None else ""),
+        ", GPU {gpu_util_pct}% busy" if d.get("gpu_util_pct") is not None else "") + (
+        " on every node; {first_node} stopped first" if d.get("scope") == "all nodes" else ""),
     "gpu.xid": lambda d: "Xid {code} ({xid_name}) on {where}" + (": {advice}" if d.get("advice") else ""),
     "gpu.lost": "{where} was lost (evidence: {evidence})",
     "gpu.ecc": lambda d: (

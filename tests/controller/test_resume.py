@@ -311,3 +311,19 @@ def test_status_shows_one_history_from_either_end(store: Store) -> None:
     text = status.render(status.summarize(store, "b"))
     assert "history   a (h1, preempted, step 40) -> b (h2, running, step 80) *" in text
     assert "history" not in status.render(status.summarize(store, "alone"))
+
+
+def test_runs_marks_a_resumed_run(store: Store) -> None:
+    from click.testing import CliRunner
+
+    from controller import cli_runs
+
+    store.upsert_run("a", host="b1", target="h1")
+    store.upsert_run("b", host="b2", target="h2")
+    store.set_lineage("b", resumed_from="a")
+    store.close()  # the command opens the store itself
+    out = CliRunner().invoke(cli_runs.runs_command, ["--json"], catch_exceptions=False).output
+    rows = {r["run"]: r["resumed_from"] for r in json.loads(out)["runs"]}
+    assert rows == {"a": None, "b": "a"}
+    text = CliRunner().invoke(cli_runs.runs_command, [], catch_exceptions=False).output
+    assert "b (<- a)" in text

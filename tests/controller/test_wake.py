@@ -306,3 +306,9 @@ def test_a_preemption_wakes_and_points_at_resume() -> None:
 def test_a_failed_rank_wakes_naming_the_node() -> None:
     w = classify(local("job.rank_failed", "critical", node="n1", how="code 1", waiting="n0"), P, NOW, {})
     assert w is not None and w.explain == "node n1 exited (code 1) while n0 still wait on it"
+
+
+def test_a_hung_group_names_the_node_that_stopped_first() -> None:
+    w = classify(local("job.stalled", state="onset", verdict="hung", scope="all nodes", first_node="n1",
+                       idle_s=40.0, budget_s=30.0), P, NOW, {})
+    assert w is not None and w.explain.endswith("verdict hung on every node; n1 stopped first")

@@ -4,8 +4,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from controller.watcher import process_alive
+from controller.store import Store
+from controller.watcher import _finished, process_alive
+from protocol import Event
 from tests.helpers import wait_until
 
 
@@ -18,3 +21,16 @@ def test_process_alive_sees_running_zombie_and_gone_processes() -> None:
     assert process_alive(child.pid) is False
     child.wait()
     assert process_alive(child.pid) is False
+
+
+def test_a_run_relaunched_in_place_is_not_finished(tmp_path: Path) -> None:
+    def ev(seq: int, kind: str) -> Event:
+        return Event(run="r", host="h", seq=seq, ts=float(seq), kind=kind, sev="info", data={})
+
+    with Store.open(tmp_path / "s.db") as store:
+        store.apply("r", [ev(1, "sidecar.started"), ev(2, "job.started")], 2)
+        assert not _finished(store, "r")
+        store.apply("r", [ev(3, "job.exited"), ev(4, "sidecar.stopping")], 4)
+        assert _finished(store, "r")
+        store.apply("r", [ev(5, "sidecar.started"), ev(6, "job.started")], 6)  # the same run id again
+        assert not _finished(store, "r")
