@@ -39,7 +39,8 @@ from protocol import Event, ProtocolError
 from protocol.endpoints import Endpoints
 
 from controller import groups, paths
-from controller.ssh import Backoff, Ssh, SshError, short_socket_path, ssh_config_file
+from controller.backoff import Backoff
+from controller.ssh import Ssh, SshError, short_socket_path, ssh_config_file
 from controller.store import Store
 from controller.subscriber import Subscriber, SubscriberError
 

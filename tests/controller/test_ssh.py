@@ -13,10 +13,10 @@ from typing import Iterator, List
 import psutil
 import pytest
 
+from controller.backoff import Backoff
 from controller.ssh import (
     SOCKET_PATH_MAX,
     AuthFailed,
-    Backoff,
     HostKeyChanged,
     HostKeyUnknown,
     LocalShell,
