@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import List, Optional, Tuple, Type
+from typing import List, Optional, Sequence, Tuple, Type
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -48,8 +48,23 @@ class BoxRig:
         return subprocess.run([*self.rgt, *args], env=self.env, capture_output=True, text=True, check=True,
                               timeout=1800)
 
-    def launch(self, *command: str, onbox_args: Tuple[str, ...] = ()) -> Tuple[str, Path]:
-        out = self.call("launch", "box", "--root", str(self.box.home / "runs"), "--json",
+    def add_hosts(self, names: Sequence[str]) -> None:
+        """More host records for this box, each its own ssh alias (so each gets its own
+        ControlMaster, as separate boxes would) and its own root, <box home>/NAME."""
+        base = self.box.config_file.read_text()
+        head = f"Host {self.box.alias}\n"
+        blocks = [base, *(base.replace(head, f"Host {name}\n", 1) for name in names)]
+        config = self.root / "ssh_config_hosts"
+        config.write_text("\n".join(blocks))
+        self.env["RGT_SSH_CONFIG"] = str(config)
+        for name in names:
+            self.call("hosts", "add", name, "--ssh", name, "--onbox", f"{sys.executable} -m onbox.cli",
+                      "--root", str(self.box.home / name))
+
+    def launch(self, *command: str, onbox_args: Tuple[str, ...] = (), host: str = "box",
+               root: Optional[Path] = None) -> Tuple[str, Path]:
+        where = root or self.box.home / "runs"
+        out = self.call("launch", host, "--root", str(where), "--json",
                         "--onbox-arg=--no-preflight", "--onbox-arg=--sidecar-linger=0s",
                         "--onbox-arg=--serve-arg=--no-kmsg", *onbox_args, "--", *command)
         answer = json.loads(out.stdout.strip().splitlines()[-1])

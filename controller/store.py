@@ -36,6 +36,7 @@ from typing import (
     Optional,
     ParamSpec,
     Sequence,
+    Tuple,
     TypeVar,
 )
 
@@ -449,8 +450,34 @@ class Store:
     @_sql
     def run(self, name: str) -> Dict[str, Any]:
         """One run as runs() lists it; `name` may be a unique prefix."""
+        exact = self._run_row(name)
+        if exact is not None:
+            return exact
         run_id = self.resolve_run(name)
         return next(r for r in self.runs() if r["run"] == run_id)
+
+    @_sql
+    def _run_row(self, run: str) -> Optional[Dict[str, Any]]:
+        """The run with exactly this id, in one query (runs() reads every row and decodes its meta)."""
+        row = self._conn.execute(f"SELECT * FROM ({storesql.RUNS}) WHERE run = ?", (run,)).fetchone()
+        if row is None:
+            return None
+        item = dict(zip(storesql.RUN_FIELDS, row))
+        item["meta"] = _load(item["meta"])
+        return item
+
+    @_sql
+    def change_marks(self) -> Dict[str, Tuple[int, float, int]]:
+        """Per run: (cursor, cursor updated at, newest local event id). Every apply() and
+        add_local_event() moves its run's mark, so a watcher of many runs reads only those
+        whose mark moved."""
+        marks: Dict[str, Tuple[int, float, int]] = {}
+        for run, last_seq, updated in self._conn.execute("SELECT run, last_seq, updated_at FROM cursors"):
+            marks[run] = (int(last_seq), float(updated), 0)
+        for run, newest in self._conn.execute("SELECT run, MAX(id) FROM local_events GROUP BY run"):
+            seq, updated, _ = marks.get(run, (0, 0.0, 0))
+            marks[run] = (seq, updated, int(newest))
+        return marks
 
     # ---- hosts -------------------------------------------------------------
 

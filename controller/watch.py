@@ -29,7 +29,7 @@ import dataclasses
 import heapq
 import logging
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from controller import groups, status_group, wake
 from controller import status as status_mod
@@ -229,6 +229,7 @@ class _Watch:
     def __init__(self, store: Store, now: Callable[[], float]) -> None:
         self.store = store
         self.now = now
+        self.marks: Dict[str, Tuple[int, float, int]] = {}   # Store.change_marks() as last judged
 
     def judge(self, st: _Run, events: Iterable[AnyEvent], woken: Dict[str, float],
               noting: bool) -> Optional[WatchResult]:
@@ -294,14 +295,19 @@ class _Watch:
     def step(self, runs: Dict[str, _Run], changed: bool) -> Optional[WatchResult]:
         """Judge what arrived since the last step (when the store changed), then what quiet
         hours held back once they are over."""
+        marks = self.store.change_marks() if changed else {}
         for st in runs.values():
             held = list(st.deferred) if st.deferred and not st.policy.quiet_now(self.now()) else []
-            if not changed and not held:
+            # Of many runs, only those with something new stored are read (bench/controller_scale.py).
+            moved = changed and (st.run not in self.marks or marks.get(st.run) != self.marks[st.run])
+            if not moved and not held:
                 continue
             st.deferred = [] if held else st.deferred
             woken = self.store.woken(st.run)
             result = self.judge(st, held, woken, noting=False)  # older than anything fresh
-            if result is None and changed:
+            if moved:
+                self.marks[st.run] = marks.get(st.run, (0, 0.0, 0))
+            if result is None and moved:
                 result = self.judge(st, _fresh(self.store, st), woken, noting=True)
             if result is not None:
                 return result

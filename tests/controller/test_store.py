@@ -483,3 +483,19 @@ def test_transaction_rolls_back_on_error(tmp_path: Path) -> None:
                 raise RuntimeError("boom")
         with s.transaction() as conn:
             assert conn.execute("SELECT COUNT(*) FROM queues").fetchone()[0] == 0
+
+
+def test_change_marks_move_with_each_apply_and_local_event(tmp_path: Path) -> None:
+    now = [100.0]
+    with Store.open(tmp_path / "s.db", clock=lambda: now[0]) as s:
+        assert s.change_marks() == {}
+        s.apply("a", [ev(1, run="a")], 1)
+        s.apply("b", [ev(1, run="b")], 1)
+        first = s.change_marks()
+        assert first == {"a": (1, 100.0, 0), "b": (1, 100.0, 0)}
+        now[0] = 101.0
+        s.apply("a", [ev(2, run="a")], 2)
+        local = s.add_local_event("b", "link.lost", "warn", {})
+        marks = s.change_marks()
+        assert marks["a"] == (2, 101.0, 0) and marks["b"] == (1, 100.0, local.id)
+        assert s.run("a")["last_seq"] == 2 and s.run("b")["run"] == "b"  # the exact-id path
