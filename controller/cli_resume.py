@@ -88,7 +88,7 @@ def resume_command(run: str, host: str, checkpoint: Optional[str], run_id: Optio
         if not no_watch:
             from controller.watcher import ensure_watcher
 
-            answer["watcher_pid"] = ensure_watcher(store, str(answer["run_id"]))
+            answer["watcher_pid"] = ensure_watcher(store, str(answer["run_id"]), launched=True)
     _done(plan, answer, as_json)
 
 

@@ -165,7 +165,7 @@ def launch_command(host: str, command: Sequence[str], profile: Optional[str], ru
         if not no_watch:
             from controller.watcher import ensure_watcher
 
-            watcher_pid = ensure_watcher(store, str(answer["run_id"]))
+            watcher_pid = ensure_watcher(store, str(answer["run_id"]), launched=True)
     answer["watcher_pid"] = watcher_pid
     if as_json:
         emit_json(answer)

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from controller import paths
+from controller import paths, pidlock
 from controller import queue as q
 from controller.store import Store, StoreError
 
@@ -68,19 +68,7 @@ def files(name: str) -> DispatcherFiles:
 def running_pid(name: str) -> Optional[int]:
     """The pid of the dispatcher holding NAME's lock, or None when none does."""
     f = files(name)
-    fd = os.open(f.lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        try:
-            return int(f.pid.read_text().strip() or 0) or None
-        except (OSError, ValueError):
-            return None  # held, but the pid is not written yet
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
+    return pidlock.holder(f.lock, f.pid)
 
 
 class Busy(Exception):
@@ -169,11 +157,14 @@ def probe_box(store: Store, host: str) -> bool:
 
 def watch_run(store: Store, run: str, since_seq: int) -> Optional[int]:
     """Make sure RUN's attempt that began after seq since_seq has its background watcher; its pid.
-    (ensure_watcher looks at the latest attempt only, so a run resumed in place gets one too.)"""
+    A run resumed in place has its earlier attempt's `sidecar.stopping` stored and the new
+    attempt's events are stored by the very watcher started here: `launched` says so."""
     from controller import watcher
 
-    del since_seq
-    return watcher.ensure_watcher(store, run)
+    start = q.attempt_start(store, run, since_seq) if since_seq > 0 else None
+    ended = start is not None and bool(store.events(run, since=start, kind_prefix="sidecar.stopping",
+                                                    limit=1))
+    return watcher.ensure_watcher(store, run, launched=since_seq > 0 and not ended)
 
 
 def stop_old_watcher(run: str) -> None:

@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, Optional, Protocol, Sequence
 from protocol import Event, ProtocolError
 from protocol.endpoints import Endpoints
 
-from controller import groups, paths
+from controller import groups, paths, pidlock
 from controller.backoff import Backoff
 from controller.ssh import Ssh, SshError, short_socket_path, ssh_config_file
 from controller.store import Store
@@ -92,22 +92,7 @@ def files(run: str) -> WatcherFiles:
 def running_pid(run: str) -> Optional[int]:
     """The pid of the watcher holding RUN's lock, or None when none does."""
     f = files(run)
-    try:
-        fd = os.open(f.lock, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        try:
-            return int(f.pid.read_text().strip() or 0) or None
-        except (OSError, ValueError):
-            return None  # the lock is held but the pid not written yet
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
+    return pidlock.holder(f.lock, f.pid)
 
 
 def _finished(store: Store, run: str) -> bool:
@@ -120,15 +105,17 @@ def _finished(store: Store, run: str) -> bool:
     return not starts or stops[-1].seq > starts[-1].seq
 
 
-def ensure_watcher(store: Store, run: str, wait_s: float = 5.0) -> Optional[int]:
+def ensure_watcher(store: Store, run: str, wait_s: float = 5.0, launched: bool = False) -> Optional[int]:
     """Start RUN's background watcher unless one runs; its pid, or None when none is needed.
 
     No watcher is needed for a run with no rgt host (one only attached by hand) or one
-    whose sidecar already stopped and was followed to the end.
+    whose sidecar already stopped and was followed to the end. `launched`: the caller has
+    just started a new attempt (the same run id again), whose events nobody has stored yet,
+    so an earlier attempt's stop does not count.
     """
     info = store.run(run)
     run_id = str(info["run"])
-    if not info["target"] or _finished(store, run_id):
+    if not info["target"] or (not launched and _finished(store, run_id)):
         return None
     pid = running_pid(run_id)
     if pid:

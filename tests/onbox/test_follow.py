@@ -45,15 +45,6 @@ class Follow:
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path)
-    try:
-        yield r
-    finally:
-        r.end()
-
-
-@pytest.fixture
 def follow(tmp_path: Path) -> Iterator[Follow]:
     f = Follow(tmp_path)
     try:

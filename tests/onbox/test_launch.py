@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 
@@ -100,15 +100,6 @@ class Rig:
             for ref in (ProcRef.from_dict(sup), ProcRef.from_dict(sup.get("sidecar"))):
                 if ref is not None and not wait_for(lambda r=ref: not r.alive(), 15.0):
                     end_process(ref, 5.0)  # it should have ended by itself: end it by pid
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path)
-    try:
-        yield r
-    finally:
-        r.end()
 
 
 def log_has(run_dir: Path, text: str) -> bool:

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -12,15 +10,6 @@ from onbox.nodes import NodeError, identify, stream_id
 from onbox.runs import read_json
 from tests.helpers import wait_until
 from tests.onbox.test_launch import Rig, py
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path)
-    try:
-        yield r
-    finally:
-        r.end()
 
 
 @pytest.mark.parametrize("environ, expected", [

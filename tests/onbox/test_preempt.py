@@ -8,24 +8,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator, List, Mapping, Optional, Tuple
-
-import pytest
+from typing import Any, List, Mapping, Optional, Tuple
 
 from onbox.journal import read_all
 from onbox.preempt import PREEMPT_FILE, PreemptWatch, preemption, record_preemption
 from onbox.runs import read_json
 from tests.helpers import REPO, wait_until
 from tests.onbox.test_launch import WAIT_GO, Rig, py
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path)
-    try:
-        yield r
-    finally:
-        r.end()
 
 
 def test_record_is_written_once_and_never_for_rgts_own_stop(tmp_path: Path) -> None:

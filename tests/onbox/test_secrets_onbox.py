@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -23,15 +23,6 @@ from tests.helpers import wait_until
 from tests.onbox.test_launch import WAIT_GO, Rig, log_line, proc_bytes, py, sha12
 
 TOKEN = "tok-4f1d9a77-secret-value"
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path)
-    try:
-        yield r
-    finally:
-        r.end()
 
 
 def secret_dir(tmp_path: Path, files: Dict[str, bytes], mode: int = 0o700) -> Path:
