@@ -22,9 +22,7 @@ from onbox.launch import EXIT_REFUSED, EXIT_USAGE, run_launch
 from onbox.settings import resume_step, training_config
 from onbox.training import TrainingConfig, TrainingMonitor
 from tests.helpers import wait_until
-from tests.onbox.test_launch import WAIT_GO, Rig, log_line, py, rig
-
-__all__ = ["rig"]
+from tests.onbox.test_launch import WAIT_GO, Rig, log_line, py
 
 # The job prints what it was told to resume from, writes one metrics line at step $STEP, then waits.
 SHOW = ("import json, os\n"
