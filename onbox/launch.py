@@ -523,7 +523,7 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
         job = _start_job(plan, spec, environ, python)
         assert job.wrapper is not None
         sup_pid, warnings = (_start_supervisor(plan, opts, job.wrapper.pid, environ, python)
-                             if opts.sidecar else (None, ["no sidecar (asked for)"]))
+                             if opts.sidecar else (None, ["no sidecar here: rgt-onbox follow serves it"]))
     finally:
         os.close(lock_fd)
     # What `rgt compare` diffs beyond run.json (config files, seeds, packages, the GPU), written once
