@@ -23,7 +23,6 @@ import fcntl
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -103,19 +102,8 @@ def ensure_dispatcher(store: Store, name: str, wait_s: float = 5.0) -> Optional[
     pid = running_pid(name)
     if pid:
         return pid
-    with open(files(name).log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "controller.queuerun", name],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        pid = running_pid(name)
-        if pid == proc.pid or proc.poll() is not None:
-            return pid
-        time.sleep(0.02)  # waiting on another process's lock: nothing to block on
-    log.warning("the dispatcher of queue %s (pid %d) has not taken its lock after %gs; see %s",
-                name, proc.pid, wait_s, files(name).log)
-    return proc.pid
+    f = files(name)
+    return pidlock.start("controller.queuerun", name, f.lock, f.pid, f.log, wait_s)
 
 
 def stop_dispatcher(name: str, timeout_s: float = 10.0) -> Optional[int]:

@@ -121,22 +121,7 @@ def ensure_watcher(store: Store, run: str, wait_s: float = 5.0, launched: bool =
     if pid:
         return pid
     f = files(run_id)
-    with open(f.log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "controller.watcher", run_id],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        pid = running_pid(run_id)
-        if pid == proc.pid:
-            return pid
-        if proc.poll() is not None:
-            # Another watcher won the lock, or this one failed: its log says which.
-            return running_pid(run_id)
-        time.sleep(0.02)  # waiting on another process's lock: nothing to block on
-    log.warning("the watcher of %s (pid %d) has not taken its lock after %gs; see %s",
-                run_id, proc.pid, wait_s, f.log)
-    return proc.pid
+    return pidlock.start("controller.watcher", run_id, f.lock, f.pid, f.log, wait_s)
 
 
 def stop_watcher(run: str, timeout_s: float = 10.0) -> bool:
