@@ -176,6 +176,13 @@ def read_roster(path: Path) -> List[str]:
 
 def sha256_file(path: Path, chunk: int = CHUNK) -> Tuple[str, int]:
     """(sha256 hex, size) of one consistent state of a file: re-read when it changes underneath."""
+    digest, st = sha256_state(path, chunk)
+    return digest, st.st_size
+
+
+def sha256_state(path: Path, chunk: int = CHUNK) -> Tuple[str, os.stat_result]:
+    """(sha256 hex, the stat of the state it hashed): re-read when the file changes underneath,
+    ManifestError when it keeps changing."""
     for _ in range(_HASH_TRIES):
         with open(path, "rb") as f:
             before = os.fstat(f.fileno())
@@ -190,7 +197,7 @@ def sha256_file(path: Path, chunk: int = CHUNK) -> Tuple[str, int]:
                 n += got
             after = os.fstat(f.fileno())
         if (before.st_size, before.st_mtime_ns) == (after.st_size, after.st_mtime_ns) and n == after.st_size:
-            return h.hexdigest(), n
+            return h.hexdigest(), after
     raise ManifestError(f"{path} kept changing while it was hashed; try again when nothing writes it")
 
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from onbox import ckptcheck, manifest
 from onbox.fsutil import fsync_dir
 from onbox.launchgates import LaunchRefused, LaunchUsageError
+from onbox.pullmanifest import ManifestError, sha256_state
 
 CHUNK = 1 << 20
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -85,17 +86,13 @@ def _stat_key(st: os.stat_result) -> Key:
 
 
 def hash_file(path: Path) -> Tuple[str, Key]:
-    """(SHA-256, the (size, mtime_ns, inode) it belongs to); LaunchRefused if the file changed meanwhile."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        before = _stat_key(os.fstat(f.fileno()))
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-        after = _stat_key(os.fstat(f.fileno()))
-    if before != after:
-        raise LaunchRefused(f"{path} changed while it was hashed; refusing to resume from it",
-                            "let whatever writes it finish, then launch again")
-    return h.hexdigest(), after
+    """(SHA-256, the (size, mtime_ns, inode) it belongs to); LaunchRefused if the file kept changing."""
+    try:
+        digest, st = sha256_state(path)
+    except ManifestError as e:
+        raise LaunchRefused(f"{path} kept changing while it was hashed; refusing to resume from it",
+                            "let whatever writes it finish, then launch again") from e
+    return digest, _stat_key(st)
 
 
 def _mismatch(path: Path, found: str, want: str) -> LaunchRefused:
