@@ -10,7 +10,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from profiles.model import NOTIFY, Action, Deadman, Profile, Scripts, Spot, Ssh, Stamp, Storage, Surface
 from profiles.schema import (
@@ -145,14 +145,19 @@ def _deadman(d: Optional[Mapping[str, Any]], actions: Mapping[str, Action], path
                    instance_id_env=env, verified=d["verified"], source=d.get("source", ""))
 
 
+def _require(keys: Sequence[str], table_doc: Mapping[str, Any], table: str, head: str) -> None:
+    """Refuse a table that lacks one of its required keys, naming the table's own line."""
+    for key in keys:
+        if key not in table_doc:
+            stamp = ' = "YYYY-MM" stamp' if key == "verified" else ""
+            raise ProfileError(f"{head}: [{table}] has no {key!r}{stamp}")
+
+
 def _action(name: str, a: Mapping[str, Any], path: Path, text: str) -> Action:
     """One checked [actions.<name>] table (its keys and types are checked already)."""
     table = f"actions.{name}"
     head = f"{path}:{table_line(text, table)}"
-    for key in ACTION_REQUIRED:
-        if key not in a:
-            stamp = ' = "YYYY-MM" stamp' if key == "verified" else ""
-            raise ProfileError(f"{head}: [{table}] has no {key!r}{stamp}")
+    _require(ACTION_REQUIRED, a, table, head)
     verified = month(a["verified"], path, text, table)
     command = a.get("command")
     if "box_command" in a:
@@ -172,10 +177,7 @@ def _action(name: str, a: Mapping[str, Any], path: Path, text: str) -> Action:
 def _storage(name: str, s: Mapping[str, Any], path: Path, text: str) -> Storage:
     """One checked [storage.<name>] table: what the tier survives, and since when that is known."""
     table = f"storage.{name}"
-    for key in STORAGE_REQUIRED:
-        if key not in s:
-            stamp = ' = "YYYY-MM" stamp' if key == "verified" else ""
-            raise ProfileError(f"{path}:{table_line(text, table)}: [{table}] has no {key!r}{stamp}")
+    _require(STORAGE_REQUIRED, s, table, f"{path}:{table_line(text, table)}")
     verified = month(s["verified"], path, text, table)
     where = s.get("path")
     if where is not None and not (where.startswith(("/", "~", "$"))
