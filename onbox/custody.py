@@ -80,6 +80,7 @@ class CustodyConfig:
     poll_interval_s: float = 2.0             # the polling observer's stat walk
     sweep_s: float = 30.0                    # temporary-file ages and missed files
     quiet_max_s: float = 120.0               # a file written but never closed commits after this quiet
+    job_cwd: Optional[Path] = None           # the job's working directory (frameworks write under it)
 
 
 @dataclasses.dataclass

@@ -61,12 +61,24 @@ def resume_step(run_dir: Path) -> Optional[int]:
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
 
+def job_cwd(run_dir: Path) -> Optional[Path]:
+    """The job's working directory from run.json ("cwd"), when it names an existing directory."""
+    try:
+        doc = json.loads((Path(run_dir) / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    cwd = doc.get("cwd") if isinstance(doc, dict) else None
+    if not isinstance(cwd, str) or not cwd.startswith("/") or "\x00" in cwd:
+        return None
+    return Path(cwd) if Path(cwd).is_dir() else None
+
+
 def training_config(run_dir: Path, watch: Mapping[str, Any], job_pid: Optional[int]) -> TrainingConfig:
     cfg = TrainingConfig(run_dir=Path(run_dir), metrics_path=_path(run_dir, watch.get("metrics")),
                          log_path=_path(run_dir, watch.get("log")), log_regex=watch.get("log_regex"),
                          stall=job_pid is not None,
                          job_key=str(job_pid) if job_pid is not None else None,
-                         resume_step=resume_step(run_dir))
+                         resume_step=resume_step(run_dir), job_cwd=job_cwd(run_dir))
     if watch.get("scalars"):
         cfg.watch = tuple(str(s) for s in watch["scalars"])
     for key in ("stall_floor_s", "stall_k", "stall_grace_s", "expected_seconds"):
@@ -79,7 +91,7 @@ def training_config(run_dir: Path, watch: Mapping[str, Any], job_pid: Optional[i
 
 def custody_config(run_dir: Path, watch: Mapping[str, Any]) -> CustodyConfig:
     cfg = CustodyConfig(run_dir=Path(run_dir), ckpt_dir=_path(run_dir, watch.get("ckpt_dir")),
-                        durable_dir=_path(run_dir, watch.get("durable_dir")))
+                        durable_dir=_path(run_dir, watch.get("durable_dir")), job_cwd=job_cwd(run_dir))
     if watch.get("durable_policy"):
         if watch["durable_policy"] not in ("all", "last"):
             raise ConfigError("durable_policy must be 'all' or 'last'")

@@ -88,6 +88,7 @@ class TrainingConfig:
     expected_seconds: Optional[float] = None
     job_key: Optional[str] = None             # the job attempt (e.g. "<attempt>:<pid>"); see the doc
     resume_step: Optional[int] = None         # a run resumed elsewhere starts from this step (see the doc)
+    job_cwd: Optional[Path] = None            # the job's working directory (frameworks write under it)
     state_every_s: float = 5.0
     gpu_every_s: float = 1.0                  # gpu_util() is called at most this often
     metrics_history_bytes: int = 8 << 20

@@ -1,0 +1,124 @@
+"""Hints from inside the job: <run>/rgt/hints.jsonl, one JSON object per line.
+
+The framework integrations (`onbox.integrations`) know things the sidecar can only guess: where a
+checkpoint was just saved (and that its save is complete), where the framework writes its output.
+They append one line per fact; the sidecar's custody and training monitors tail the file.
+
+    {"v": 1, "kind": "checkpoint", "path": "/abs/out/checkpoint-50", "step": 50, "framework": "hf",
+     "ts": 1795990000.1}
+    {"v": 1, "kind": "output_dir", "path": "/abs/out", "framework": "hf", "ts": ...}
+
+Kinds: "checkpoint" (a save finished: `path` is the file or directory the framework resumes from),
+"output_dir" (a directory the framework writes checkpoints under). `path` is absolute or relative
+to the job's cwd. The job is on the same box as the sidecar but is still input: the reader drops
+lines that are not objects of a known kind with a string path, caps line length and count, and
+never follows a path it was not asked to check.
+
+Standard library only: the writer runs inside the job's own Python (3.9+), without the sidecar's
+dependencies; it is a no-op when the job was not started by rgt (no RGT_RUN_DIR).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+FILENAME = "hints.jsonl"
+VERSION = 1
+KINDS = ("checkpoint", "output_dir")
+MAX_LINE_BYTES = 8192
+MAX_READ_BYTES = 1 << 20
+
+
+def hints_path(run_dir: Optional[str] = None) -> Optional[Path]:
+    """<run>/rgt/hints.jsonl of this job (from RGT_RUN_DIR), or None outside an rgt launch."""
+    base = run_dir if run_dir is not None else os.environ.get("RGT_RUN_DIR")
+    return Path(base) / "rgt" / FILENAME if base else None
+
+
+def write(kind: str, path: str, *, step: Optional[int] = None, framework: Optional[str] = None,
+          run_dir: Optional[str] = None) -> bool:
+    """Append one hint line (one write(2) of a whole line, O_APPEND); False when there is no run or
+    the write failed. Never raises: a hint must not break the training job."""
+    target = hints_path(run_dir)
+    if target is None or kind not in KINDS:
+        return False
+    doc: Dict[str, Any] = {"v": VERSION, "kind": kind, "path": os.path.abspath(str(path)), "ts": time.time()}
+    if step is not None:
+        doc["step"] = int(step)
+    if framework:
+        doc["framework"] = str(framework)
+    line = (json.dumps(doc, separators=(",", ":")) + "\n").encode("utf-8", "replace")
+    if len(line) > MAX_LINE_BYTES:
+        return False
+    try:
+        fd = os.open(str(target), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return True
+
+
+def parse(line: bytes) -> Optional[Dict[str, Any]]:
+    """One validated hint, or None for anything else."""
+    if len(line) > MAX_LINE_BYTES:
+        return None
+    try:
+        doc = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or doc.get("v") != VERSION or doc.get("kind") not in KINDS:
+        return None
+    path = doc.get("path")
+    if not isinstance(path, str) or not path or "\x00" in path or len(path) > 4096:
+        return None
+    out: Dict[str, Any] = {"kind": doc["kind"], "path": path}
+    step = doc.get("step")
+    if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 1 << 62:
+        out["step"] = step
+    if isinstance(doc.get("framework"), str):
+        out["framework"] = doc["framework"][:32]
+    ts = doc.get("ts")
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool) and 0 <= ts < 1e11:
+        out["ts"] = float(ts)
+    return out
+
+
+class HintReader:
+    """Tails <run>/rgt/hints.jsonl: `poll()` returns the hints appended since the last call."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / "rgt" / FILENAME
+        self._offset = 0
+        self._inode: Optional[int] = None
+
+    def poll(self) -> List[Dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if st.st_ino != self._inode or st.st_size < self._offset:
+                    self._inode, self._offset = st.st_ino, 0
+                f.seek(self._offset)
+                raw = f.read(MAX_READ_BYTES)
+        except OSError:
+            return []
+        end = raw.rfind(b"\n")
+        if end < 0:
+            if len(raw) >= MAX_READ_BYTES:  # one line longer than a read: skip its bytes
+                self._offset += len(raw)
+            return []
+        self._offset += end + 1
+        out = []
+        for line in raw[:end].split(b"\n"):
+            hint = parse(line)
+            if hint is not None:
+                out.append(hint)
+        return out
+
+
+__all__ = ["FILENAME", "KINDS", "HintReader", "hints_path", "parse", "write"]
