@@ -76,6 +76,8 @@ _k("ckpt.suspect", "warn", "a checkpoint looks partial, empty, unloadable or aba
 _k("ckpt.stale", "warn", "no good checkpoint for longer than the policy age")
 _k("ckpt.durable", "info", "a checkpoint was copied to storage that outlives the box")
 _k("ckpt.sync_failed", "critical", "a durable copy failed or did not hash back")
+_k("ckpt.removed", "info", "a recorded checkpoint was deleted (by: job rotation, or something else: warn)")
+_k("ckpt.location", "info", "custody found a place the job writes checkpoints and watches it from now on")
 
 # Dead-man.
 _k("deadman.armed", "info", "the box-level lease is armed (ttl_s, idle_s, max_hours)")
