@@ -12,7 +12,8 @@ STAMP := $(VENV)/.installed
 # The box's dependencies as wheels for this Python, fetched once while the venv is set up:
 # the end-to-end tests install onto a "box" that has no index (`rgt install --wheelhouse`).
 WHEELHOUSE := .wheelhouse
-BOX_DEPS := "pyzmq>=23,<28" "psutil>=5.9" "nvidia-ml-py>=12.535" "watchdog>=2.1" "click>=8.1"
+# py-spy: optional on the box (the sidecar dumps a hung job's stacks with it); `rgt install` ships it.
+BOX_DEPS := "pyzmq>=23,<28" "psutil>=5.9" "nvidia-ml-py>=12.535" "watchdog>=2.1" "click>=8.1" "py-spy>=0.3"
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)

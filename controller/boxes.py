@@ -8,17 +8,20 @@ shell-quoted; secrets never on them) and reads its one JSON answer.
 """
 from __future__ import annotations
 
+import dataclasses
 import shlex
-from typing import Any, Dict, List, Optional, Sequence, Union
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from controller import install, status, wake
+from controller import codesync, install, status, wake
 from controller.install import LOCAL, InstallError, check_version, host_record, onbox_command
 from controller.output import error_tail, last_json_object
 from controller.ssh import LocalShell, Ssh, SshError
 from controller.store import Store
 
 Shell = Union[Ssh, LocalShell]
-__all__ = ["LOCAL", "BoxError", "host_record", "launch", "onbox_command", "run_state", "shell_for", "stop"]
+__all__ = ["LOCAL", "BoxError", "Code", "host_record", "launch", "onbox_command", "run_state", "shell_for",
+           "stop"]
 
 
 class BoxError(Exception):
@@ -43,13 +46,54 @@ def _json_answer(out: Any, what: str) -> Dict[str, Any]:
     return obj
 
 
+@dataclasses.dataclass
+class Code:
+    """`rgt launch --code DIR [--cwd PATH] [--python PY]`: what goes to the box before the launch."""
+
+    code: Optional[Path] = None            # the working tree to sync (controller/codesync.py)
+    cwd: Optional[str] = None              # the job's cwd on the box (relative: from the synced code)
+    python: Optional[str] = None           # the job's interpreter on the box
+    limit_bytes: Optional[int] = codesync.DEFAULT_LIMIT_BYTES   # None: copy whatever the size
+
+
+def _sync_code(shell: Shell, code: Code, root: Optional[str], project: str,
+               progress: Callable[[str], None]) -> Dict[str, Any]:
+    """Scan DIR, refuse it when too big, rsync it to <root>/<project>/code; what run.json's caller shows."""
+    assert code.code is not None
+    try:
+        scan = codesync.scan_tree(code.code)
+        scan.check_size(code.limit_bytes)
+        where = codesync.code_dir_on_box(shell, root, project)
+        progress(f"code: {len(scan.files)} files, {codesync.human(scan.total_bytes)} from {scan.root} to "
+                 f"{shell.alias}:{where} ({len(scan.left_out)} entries left out)")
+        codesync.sync(shell, scan, where)
+    except codesync.CodeError as e:
+        raise BoxError(e.message, e.hint) from e
+    except SshError as e:
+        raise BoxError(e.message, e.hint) from e
+    return {"dir": where, "files": len(scan.files), "bytes": scan.total_bytes,
+            "left_out": [rel + ("/" if d else "") for rel, d in scan.left_out][:50]}
+
+
+def _code_args(code: Code, where: Optional[str]) -> List[str]:
+    args: List[str] = []
+    for flag, value in (("--code-dir", where), ("--cwd", code.cwd), ("--python", code.python)):
+        if value:
+            args += [flag, value]
+    return args
+
+
 def launch(store: Store, host: str, command: Sequence[str], *, run_id: Optional[str] = None,
            profile: Optional[str] = None, root: Optional[str] = None, project: Optional[str] = None,
-           onbox_args: Sequence[str] = ()) -> Dict[str, Any]:
-    """Start COMMAND on the box through `rgt-onbox launch`; its JSON answer, with `host` added.
+           onbox_args: Sequence[str] = (), code: Optional[Code] = None,
+           progress: Callable[[str], None] = lambda line: None) -> Dict[str, Any]:
+    """Start COMMAND on the box through `rgt-onbox launch`; its JSON answer, with `host` added
+    (and `code`: where the synced tree went, with --code).
 
     The versions must match first: the sidecar and this controller speak one protocol.
-    The run is recorded in the store with its host and directory before anything follows it.
+    With `code.code` the working tree goes to <root>/<project>/code there first (project: DIR's name
+    unless given) and the job's cwd defaults to it. The run is recorded in the store with its host
+    and directory before anything follows it.
     """
     record = host_record(store, host)
     shell = shell_for(store, host)
@@ -58,10 +102,16 @@ def launch(store: Store, host: str, command: Sequence[str], *, run_id: Optional[
         check_version(shell, onbox, host)
     except InstallError as e:
         raise BoxError(e.message, e.hint) from e
-    args: List[str] = ["launch", "--json"]
+    code = code or Code()
+    root = root or (str(record["root"]) if record.get("root") else None)
+    synced: Optional[Dict[str, Any]] = None
+    if code.code is not None:
+        project = project or codesync.project_for(code.code)
+        synced = _sync_code(shell, code, root, project, progress)
+    args: List[str] = ["launch", "--json", *_code_args(code, synced["dir"] if synced else None)]
     profile = profile or (str(record["profile"]) if record.get("profile") and host != LOCAL else None)
     for flag, value in (("--run-id", run_id), ("--profile", profile), ("--project", project),
-                        ("--root", root or (str(record["root"]) if record.get("root") else None))):
+                        ("--root", root)):
         if value:
             args += [flag, value]
     if host == LOCAL and not any(a.startswith("--deadman") for a in onbox_args):
@@ -77,7 +127,7 @@ def launch(store: Store, host: str, command: Sequence[str], *, run_id: Optional[
         reason = answer.get("error") or answer.get("reason") or answer
         raise BoxError(f"the box refused the launch (exit {out.returncode}): {reason}")
     store.upsert_run(str(answer["run_id"]), host="", target=host, run_dir=str(answer["run_dir"]))
-    return {**answer, "host": host}
+    return {**answer, "host": host, **({"code": synced} if synced else {})}
 
 
 def stop(store: Store, run: str, grace: str = "30s") -> Dict[str, Any]:

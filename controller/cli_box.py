@@ -50,21 +50,29 @@ def _progress(line: str) -> None:
                    "<state>/wheelhouse is always looked in.")
 @click.option("--wheel", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               metavar="FILE", help="Ship this wheel of this rgt version instead of building one.")
-@click.option("--download", is_flag=True,
-              help="Fetch missing dependency wheels here (pip download, needs an index) first.")
-@click.option("--no-index-fallback", is_flag=True,
-              help="Never let the box's pip use its own index: fail when a wheel is missing.")
+@click.option("--download/--no-download", default=True, show_default=True,
+              help="Fetch missing wheels HERE (pip download for the box's Python and platform) into "
+                   "<state>/wheelhouse, the cache.")
+@click.option("--index", is_flag=True,
+              help="Let the box's pip ask its own index for wheels not found here (said on stderr); "
+                   "without it a missing wheel is an error naming it.")
+@click.option("--no-index-fallback", is_flag=True, hidden=True,
+              help="The default now (the box's index is used only with --index); kept for old scripts.")
 @JSON_OPTION
 def install_command(host: str, venv: Optional[str], python: Optional[str], wheelhouses: Tuple[Path, ...],
-                    wheel: Optional[Path], download: bool, no_index_fallback: bool, as_json: bool) -> None:
+                    wheel: Optional[Path], download: bool, index: bool, no_index_fallback: bool,
+                    as_json: bool) -> None:
     """Put this exact version of rgt-onbox on HOST, without needing the box's index.
 
-    Builds the package's wheel here, copies it and the dependency wheels to ~/.rgt/wheels on the
-    box, installs them into a venv offline and checks `rgt-onbox --version`. Running it again
-    changes nothing when the same version is there.
+    Builds the package's wheel here, copies it and every dependency wheel (plus py-spy, optional)
+    to ~/.rgt/wheels on the box, fetching missing ones here first, installs them into a venv
+    offline and checks `rgt-onbox --version`. No internet is needed on the box; its own index
+    is used only with --index. Running it again changes nothing when the same version is there.
     """
+    if index and no_index_fallback:
+        raise CliError("--index and --no-index-fallback contradict each other")
     opts = installer.InstallOptions(venv=venv, python=python, wheelhouses=wheelhouses, wheel=wheel,
-                                    download=download, no_index_fallback=no_index_fallback)
+                                    download=download, index=index)
     with Store.open() as store, _problems():
         result = installer.install(store, host, opts, progress=_progress)
     if as_json:
@@ -72,9 +80,11 @@ def install_command(host: str, venv: Optional[str], python: Optional[str], wheel
     elif result.already:
         click.echo(f"rgt-onbox {result.version} is already installed on {host} ({result.onbox})")
     else:
-        index = "; the box's own index supplied some dependencies" if result.used_index else ""
+        for warning in result.warnings:
+            click.echo(f"warning: {warning}", err=True)
+        used = "; the box's own index supplied some dependencies (--index)" if result.used_index else ""
         click.echo(f"installed rgt-onbox {result.version} on {host}: {result.onbox} "
-                   f"(Python {result.python}, {result.elapsed_s:.1f}s{index})")
+                   f"(Python {result.python}, {result.elapsed_s:.1f}s{used})")
 
 
 # ---- rgt secret ---------------------------------------------------------------------------------

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import click
 
-from controller import boxes, install, render
+from controller import boxes, codesync, install, render
 from controller.boxes import LOCAL, BoxError
 from controller.clibase import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, RgtGroup, emit_json
 from controller.ssh import Ssh, SshError
@@ -141,23 +142,41 @@ def hosts_rm(name: str) -> None:
 @click.option("--onbox-arg", "onbox_args", multiple=True, metavar="ARG",
               help="Extra `rgt-onbox launch` argument, repeatable (--onbox-arg=--env=WANDB_API_KEY).")
 @click.option("--no-watch", is_flag=True, help="Do not start the background watcher.")
+@click.option("--code", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              metavar="DIR", help="Sync this working tree to <root>/<project>/code on HOST first (rsync; "
+                                  ".gitignore and .rgtignore respected); the job runs there.")
+@click.option("--cwd", default=None, metavar="PATH",
+              help="The job's working directory on HOST (relative: from the synced code).")
+@click.option("--python", "python", default=None, metavar="PATH",
+              help="The job's Python on HOST (default: the profile's, else python3 on PATH).")
+@click.option("--code-limit", default="200MiB", show_default=True, metavar="SIZE",
+              help="Refuse a --code tree bigger than this (naming its biggest entries).")
+@click.option("--yes", is_flag=True, help="Sync a --code tree whatever its size.")
 @JSON_OPTION
 def launch_command(host: str, command: Sequence[str], profile: Optional[str], run_id: Optional[str],
                    project: Optional[str], root: Optional[str], onbox_args: Sequence[str],
-                   no_watch: bool, as_json: bool) -> None:
+                   no_watch: bool, code: Optional[Path], cwd: Optional[str], python: Optional[str],
+                   code_limit: str, yes: bool, as_json: bool) -> None:
     """Run COMMAND on HOST under rgt-onbox, and start watching it.
 
     \b
       rgt launch gpu1 -- python train.py --lr 3e-4
       rgt launch local --json -- python scripts/train_tiny.py
     Never put a secret in COMMAND: push it once with `rgt secret push HOST NAME`.
+      rgt launch gpu1 --code . -- python train.py   (the tree to <root>/<project>/code, run there)
     With --json: one object with run_id, run_dir, host, pid, watcher_pid.
     """
+    try:
+        limit = None if yes else codesync.parse_size(code_limit)
+    except ValueError as e:
+        raise CliError(f"--code-limit: {e}") from e
     with Store.open() as store:
         record = boxes.host_record(store, host)
         try:
             answer = boxes.launch(store, host, command, run_id=run_id, profile=profile, root=root,
-                                  project=project, onbox_args=onbox_args)
+                                  project=project, onbox_args=onbox_args,
+                                  code=boxes.Code(code=code, cwd=cwd, python=python, limit_bytes=limit),
+                                  progress=lambda line: click.echo(render.printable(line), err=True))
         except (BoxError, SshError) as e:
             raise _box_error(e) from e
         _notice(store, profile or str(record.get("profile") or ""))

@@ -10,13 +10,15 @@ Steps, each reported on `progress` (stderr in the CLI):
            round trip (controller.boxprobe): version (Requires-Python of our wheel, 3.9+), marker
            environment, accepted wheel tags, what is already installed and copied;
 3. resolve which wheels the box needs (controller.wheels: Requires-Dist with markers judged for the
-           box) from --wheelhouse DIRs and <state>/wheelhouse; with --download, pip fetches the
-           missing ones here for the box's Python and platform first;
+           box, plus py-spy, optional: the sidecar dumps a hung job's stacks with it) from
+           --wheelhouse DIRs and the cache <state>/wheelhouse; pip fetches the missing ones HERE
+           into that cache for the box's Python version and platform (needs an index here, not
+           there; --no-download skips it). Still missing: refused, naming them, unless --index;
 4. copy    the wheels the box lacks (by name, size and SHA-256) to ~/.rgt/wheels;
 5. venv    `PY -m venv VENV` when VENV/bin/python is missing (VENV: --venv, else ~/.rgt/venv);
-6. install `VENV/bin/python -m pip install --no-index --find-links WHEELS remote-gpu-trainer==V`;
-           when that fails only for want of a dependency, once more with the box's own index
-           (it may have a mirror), unless --no-index-fallback;
+6. install `VENV/bin/python -m pip install --no-index --find-links WHEELS remote-gpu-trainer==V`
+           (and py-spy when shipped); only with --index, and said on progress, a dependency missing
+           there is asked of the box's own index (it may have a mirror);
 7. verify  `VENV/bin/rgt-onbox --version` prints exactly our version, then record it in the venv
            (.rgt-install.json) and in the store (Store.set_installed).
 
@@ -34,7 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import profiles
 from protocol import PACKAGE_VERSION
@@ -60,6 +62,8 @@ DEFAULT_VENV = "~/.rgt/venv"
 WHEELS_DIR = "~/.rgt/wheels"
 _VERSION_OUT = re.compile(r"version\s+(\S+)")
 _MISSING_DIST = re.compile(r"No matching distribution found for ([^\s(]+)")
+# Shipped when a wheel for the box exists (or downloads): the sidecar dumps a hung job's stacks with it.
+OPTIONAL = (Requirement.parse("py-spy>=0.3"),)
 Progress = Callable[[str], None]
 
 
@@ -86,8 +90,9 @@ class InstallOptions:
     python: Optional[str] = None             # default: the profile's scripts.python, else python3
     wheelhouses: Sequence[Path] = ()         # besides <state>/wheelhouse
     wheel: Optional[Path] = None             # our wheel, instead of building it
-    download: bool = False                   # pip download missing dependency wheels here
-    no_index_fallback: bool = False          # never let the box's pip use its index
+    download: bool = True                    # pip download missing wheels here, into <state>/wheelhouse
+    index: bool = False                      # let the box's pip ask its own index for what is missing
+    no_index_fallback: bool = True           # kept for callers of old; the default now (see `index`)
 
 
 @dataclasses.dataclass
@@ -103,6 +108,8 @@ class InstallResult:
     used_index: bool                         # the box's own index supplied something
     recorded: bool                           # the store holds the install record
     elapsed_s: float
+    shipped: Tuple[str, ...] = ()            # the wheels the box installs from (names)
+    warnings: Tuple[str, ...] = ()           # e.g. py-spy not shipped
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -229,46 +236,62 @@ def _check_python(box: boxprobe.BoxPython, ours: Wheel, python: str, name: str) 
 
 
 def _download(missing: Sequence[Tuple[Requirement, str]], box: boxprobe.BoxPython, dest: Path,
-              progress: Progress) -> None:
-    """pip download the missing wheels here for the box's Python and platforms (needs an index)."""
+              progress: Progress) -> Optional[str]:
+    """pip download the missing wheels here for the box's Python and platforms (needs an index here);
+    each on its own, so that one without a wheel does not keep the others out. The failures, or None."""
     plats = list(dict.fromkeys(t.split("-", 2)[2] for t in box.tags if not t.endswith("-any")))
-    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
             "--disable-pip-version-check", "-d", str(dest),
             "--python-version", box.version_text, "--implementation", "cp"]
     for plat in plats[:64]:
-        argv += ["--platform", plat]
-    argv += [str(req) for req, _ in missing]
-    progress(f"download: {', '.join(str(r) for r, _ in missing)} into {dest}")
+        base += ["--platform", plat]
+    progress(f"download: {', '.join(str(r) for r, _ in missing)} into {dest} (for Python {box.version_text})")
     dest.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=600, check=False)
-    if done.returncode != 0:
-        raise InstallError(f"pip download failed (exit {done.returncode}): {_tail(done.stderr)}",
-                           hint="fetch the wheels elsewhere and pass --wheelhouse DIR")
+    failed: List[str] = []
+    for req, _ in missing:
+        try:
+            done = subprocess.run([*base, str(req)], stdin=subprocess.DEVNULL, capture_output=True,
+                                  timeout=600, check=False)
+        except (OSError, subprocess.SubprocessError) as e:
+            failed.append(f"{req}: {e}")
+            continue
+        if done.returncode != 0:
+            failed.append(f"{req}: {_tail(done.stderr, 1)}")
+    return "; ".join(failed)[:600] or None
 
 
 def _resolve(ours: Wheel, box: boxprobe.BoxPython, opts: InstallOptions,
              progress: Progress) -> Resolution:
     local = paths.state_dir() / "wheelhouse"
-    houses = [*opts.wheelhouses, *([local] if local.is_dir() or opts.download else [])]
+    houses = [*opts.wheelhouses, local]
+    failure: Optional[str] = None
     try:
-        for _ in range(5 if opts.download else 1):  # a downloaded wheel may need more
-            res = resolve(ours.path, houses, box.markers, box.tags)
-            if not res.missing or not opts.download:
+        res = resolve(ours.path, houses, box.markers, box.tags, OPTIONAL)
+        for _ in range(5 if opts.download else 0):  # a downloaded wheel may need more
+            todo = [*res.missing, *res.optional_missing]
+            if not todo:
                 break
-            _download(res.missing, box, local, progress)
+            failure = _download(todo, box, local, progress)
+            again = resolve(ours.path, houses, box.markers, box.tags, OPTIONAL)
+            if len(again.wheels) == len(res.wheels):
+                res = again
+                break
+            res = again
     except WheelError as e:
         raise InstallError(f"cannot work out the box's wheels: {e}") from e
     res.missing = [(req, by) for req, by in res.missing if not _on_box(req, box)]
     if res.missing:
         what = "; ".join(f"{req} (needed by {by})" for req, by in res.missing)
-        where = ", ".join(str(h) for h in houses) or "no wheelhouse given"
-        if opts.no_index_fallback:
+        where = ", ".join(str(h) for h in houses)
+        why = f"; pip download here failed: {failure}" if failure else "" if opts.download else \
+            " (--no-download)"
+        if not opts.index:
             raise InstallError(
-                f"no wheel for the box's Python {box.version_text} here for: {what} (looked in {where})",
+                f"no wheel for the box's Python {box.version_text} here for: {what} (looked in {where}{why})",
                 hint="pass --wheelhouse DIR with those wheels (pip download --only-binary=:all: "
-                     "--python-version X.Y --platform ...), --download to fetch them here, "
-                     "or drop --no-index-fallback to let the box use its own index")
-        progress(f"resolve: no wheel here for {what}; the box's own index will be asked")
+                     "--python-version X.Y --platform ...), or --index to let the box's pip use its "
+                     "own index for them")
+        progress(f"resolve: no wheel here for {what}; --index: the box's own index will be asked")
     return res
 
 
@@ -310,15 +333,16 @@ def _venv(shell: Shell, box: boxprobe.BoxPython, python: str, progress: Progress
 
 
 def _pip_install(shell: Shell, box: boxprobe.BoxPython, ours: Wheel, opts: InstallOptions,
-                 progress: Progress, force: bool) -> bool:
-    """Install offline; once more with the box's index when only a dependency was missing.
+                 progress: Progress, force: bool, extra: Sequence[str] = ()) -> bool:
+    """Install offline (with `extra`: the optional wheels shipped, py-spy); with --index once more
+    with the box's index when only a dependency was missing.
     `force`: this version is there already (from other sources, or broken), so pip must replace
     it. Returns whether the index was used."""
     # -I: neither the working directory nor PYTHONPATH may make pip think it is installed already
     pip = (f"{shlex.quote(box.venv + '/bin/python')} -I -m pip install -q --no-cache-dir "
            f"--disable-pip-version-check --find-links {shlex.quote(box.wheels_dir)}")
     target = shlex.quote(f"{build.PROJECT}=={PACKAGE_VERSION}")
-    line = f"{pip} --no-index {target}"
+    line = f"{pip} --no-index {target}" + "".join(f" {shlex.quote(name)}" for name in extra)
     if force:  # pip would call the same version number satisfied
         line += f" && {pip} --no-index --no-deps --force-reinstall " \
                 f"{shlex.quote(box.wheels_dir + '/' + ours.path.name)}"
@@ -329,11 +353,11 @@ def _pip_install(shell: Shell, box: boxprobe.BoxPython, ours: Wheel, opts: Insta
     missing = _MISSING_DIST.findall(done.stderr.decode("utf-8", "replace"))
     if not missing:
         raise InstallError(f"pip install on the box failed (exit {done.returncode}): {_tail(done.stderr)}")
-    if opts.no_index_fallback:
+    if not opts.index:
         raise InstallError(
-            f"the box has no wheel for {', '.join(missing)} and --no-index-fallback keeps its index out",
-            hint="pass --wheelhouse DIR holding a wheel for it, or drop --no-index-fallback")
-    progress(f"install: no wheel for {', '.join(missing)}; retrying once with the box's own index")
+            f"the box has no wheel for {', '.join(missing)}, and its own index is not used without --index",
+            hint="pass --wheelhouse DIR holding a wheel for it, or --index to let the box's pip fetch it")
+    progress(f"install: no wheel for {', '.join(missing)}; --index: retrying once with the box's own index")
     done = shell.run(line.replace(" --no-index", ""), check=False, timeout_s=900)
     if done.returncode != 0:
         raise InstallError(f"pip install with the box's index failed too (exit {done.returncode}): "
@@ -359,13 +383,19 @@ def _session(shell: Union[Ssh, LocalShell]) -> Iterator[None]:
 
 
 def _put_on_box(shell: Shell, box: boxprobe.BoxPython, ours: Wheel, python: str, opts: InstallOptions,
-                progress: Progress, force: bool) -> Tuple[int, int, bool]:
-    """Steps 3-6: (files copied, bytes copied, whether the box's index was used)."""
+                progress: Progress, force: bool,
+                warnings: List[str]) -> Tuple[int, int, bool, Tuple[str, ...]]:
+    """Steps 3-6: (files copied, bytes copied, whether the box's index was used, the wheels shipped)."""
     res = _resolve(ours, box, opts, progress)
+    for req, _ in res.optional_missing:
+        warnings.append(f"no {req} wheel for the box's Python {box.version_text} here: a hung job's stacks "
+                        "come only from the integrations' faulthandler dump (pass --wheelhouse DIR with it)")
+        progress(f"resolve: {warnings[-1]}")
     copied = _copy(shell, box, res.wheels, progress)
     _venv(shell, box, python, progress)
-    used_index = _pip_install(shell, box, ours, opts, progress, force)
-    return copied[0], copied[1], used_index
+    extra = [str(r.name) for r in OPTIONAL if any(w.name == r.name for w in res.wheels)]
+    used_index = _pip_install(shell, box, ours, opts, progress, force, extra)
+    return copied[0], copied[1], used_index, tuple(sorted(w.name for w in res.wheels))
 
 
 def install(store: Store, host_name: str, opts: InstallOptions, *, progress: Progress = print,
@@ -395,7 +425,8 @@ def install(store: Store, host_name: str, opts: InstallOptions, *, progress: Pro
         already = box.venv_python and record.get("version") == PACKAGE_VERSION \
             and record.get("sha256") == ours_sha
         onbox = f"{box.venv}/bin/rgt-onbox"
-        copied: Tuple[int, int, bool] = (0, 0, False)
+        copied: Tuple[int, int, bool, Tuple[str, ...]] = (0, 0, False, ())
+        warnings: List[str] = []
         if already:
             progress(f"install: {build.PROJECT} {PACKAGE_VERSION} is already in {box.venv}")
             try:
@@ -405,7 +436,7 @@ def install(store: Store, host_name: str, opts: InstallOptions, *, progress: Pro
                 already = False
         if not already:
             copied = _put_on_box(shell, box, ours, python, opts, progress,
-                                 force=record.get("version") == PACKAGE_VERSION)
+                                 force=record.get("version") == PACKAGE_VERSION, warnings=warnings)
             version = check_version(shell, shlex.quote(onbox), host_name)
             _write_record(shell, box, ours_sha, ours.path.name, clock())
         progress(f"verify: {onbox} --version says {version}")
@@ -415,6 +446,7 @@ def install(store: Store, host_name: str, opts: InstallOptions, *, progress: Pro
     return InstallResult(host=host_name, version=version, venv=box.venv, onbox=onbox,
                          python=box.version_text, already=already, copied_files=copied[0],
                          copied_bytes=copied[1], used_index=copied[2], recorded=recorded,
+                         shipped=copied[3], warnings=tuple(warnings),
                          elapsed_s=round(time.monotonic() - began, 3))
 
 

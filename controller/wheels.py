@@ -350,6 +350,7 @@ def requirements(wheel: Wheel, env: Mapping[str, str], extras: Sequence[str] = (
 class Resolution:
     wheels: List[Wheel]                                   # the root first, then what it needs
     missing: List[Tuple[Requirement, str]]                # (requirement, needed by) with no wheel here
+    optional_missing: List[Tuple[Requirement, str]] = dataclasses.field(default_factory=list)
 
 
 def scan(wheelhouses: Sequence[Path]) -> Dict[str, List[Wheel]]:
@@ -388,28 +389,32 @@ def best(candidates: Sequence[Wheel], req: Requirement, tags: Sequence[str],
 
 
 def resolve(root: Path, wheelhouses: Sequence[Path], env: Mapping[str, str],
-            tags: Sequence[str]) -> Resolution:
-    """The root wheel and every wheel it needs on the box, from the local wheelhouses."""
+            tags: Sequence[str], optional: Sequence[Requirement] = ()) -> Resolution:
+    """The root wheel and every wheel it needs on the box, from the local wheelhouses; `optional`
+    requirements (py-spy) are added when a wheel fits, else listed in `optional_missing`."""
     available = scan(wheelhouses)
     python = Version.parse(env["python_full_version"]) if env.get("python_full_version") else None
     top = Wheel.from_path(root)
     chosen: Dict[str, Wheel] = {top.name: top}
-    missing: List[Tuple[Requirement, str]] = []
-    queue: List[Tuple[Requirement, str]] = [(r, top.name) for r in requirements(top, env)]
+    res = Resolution(wheels=[], missing=[])
+    queue: List[Tuple[Requirement, str, bool]] = [(r, top.name, False) for r in requirements(top, env)]
+    queue += [(r, "the sidecar (optional)", True) for r in optional]
     while queue:
-        req, needed_by = queue.pop(0)
+        req, needed_by, opt = queue.pop(0)
         have = chosen.get(req.name)
         if have is not None:
             if not req.specifier.contains(have.version):
-                missing.append((req, f"{needed_by} (conflicts with {have.name} {have.version.text})"))
+                (res.optional_missing if opt else res.missing).append(
+                    (req, f"{needed_by} (conflicts with {have.name} {have.version.text})"))
             continue
         wheel = best(available.get(req.name, []), req, tags, python)
         if wheel is None:
-            missing.append((req, needed_by))
+            (res.optional_missing if opt else res.missing).append((req, needed_by))
             continue
         chosen[req.name] = wheel
-        queue += [(r, wheel.name) for r in requirements(wheel, env, req.extras)]
-    return Resolution(wheels=list(chosen.values()), missing=missing)
+        queue += [(r, wheel.name, opt) for r in requirements(wheel, env, req.extras)]
+    res.wheels = list(chosen.values())
+    return res
 
 
 __all__ = ["Requirement", "Resolution", "Specifier", "Version", "Wheel", "WheelError", "best",

@@ -197,6 +197,13 @@ _root_option = click.option(
 @click.option("--stale-after", "stale_after_s", type=click.FloatRange(min=1), default=None,
               metavar="SECONDS", help="Warn when no good checkpoint is this old.")
 @click.option("--no-preflight", is_flag=True, help="Launch without the pre-flight health check.")
+@click.option("--python", "python", default=None, metavar="PATH",
+              help="The job's Python: a command starting with python/python3/pythonX.Y runs with it "
+                   "(default: the profile's, else python3 on PATH).")
+@click.option("--cwd", default=None, metavar="DIR",
+              help="The job's working directory (default: --code-dir, else this one; relative: from it).")
+@click.option("--code-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where `rgt launch --code` put the code (recorded; the default working directory).")
 @click.option("--min-free", default="1GiB", show_default=True,
               help="Free disk kept on top of the checkpoint budget.")
 @click.option("--ckpt-copies", type=click.FloatRange(min=0), default=3.0, show_default=True,
@@ -241,7 +248,8 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
            durable_policy: Optional[str], env: Tuple[str, ...], no_secrets: bool, scalars: Tuple[str, ...],
            log_regex: Optional[str], stall_floor_s: Optional[float], stall_grace_s: Optional[float],
            expected_steps: Optional[int], expected_seconds: Optional[float],
-           stale_after_s: Optional[float], no_preflight: bool, min_free: str, ckpt_copies: float,
+           stale_after_s: Optional[float], no_preflight: bool, python: Optional[str], cwd: Optional[str],
+           code_dir: Optional[Path], min_free: str, ckpt_copies: float,
            sidecar_linger: str, deadman_ttl: str, deadman_idle: str, max_hours: Optional[float],
            node: Optional[str], preempt_grace_s: Optional[float], resume_from: Optional[Path],
            resume_sha256: Optional[str], resume_step: Optional[int], resumes: Optional[str], wait: bool,
@@ -283,7 +291,8 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
         min_free_bytes=min_free_bytes, ckpt_copies=ckpt_copies, sidecar_linger_s=linger_s,
         serve_args=list(serve_args), watch=watch, deadman_ttl_s=ttl_s, deadman_idle_s=idle_s,
         deadman_max_hours=max_hours, node=node, preempt_grace_s=preempt_grace_s, resume_from=resume_from,
-        resume_sha256=resume_sha256, resume_step=resume_step, resumes=resumes, sidecar=not no_sidecar)
+        resume_sha256=resume_sha256, resume_step=resume_step, resumes=resumes, sidecar=not no_sidecar,
+        python=python, cwd=Path(cwd) if cwd else None, code_dir=code_dir)
     code = run_launch(opts, as_json, sys.stdout, sys.stderr, wait=wait)
     if code:
         raise click.exceptions.Exit(code)

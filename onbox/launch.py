@@ -28,13 +28,11 @@ gate (disk, pre-flight, still running, another launch of the run in progress).
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
 import re
 import secrets
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -46,7 +44,15 @@ from protocol import PACKAGE_VERSION
 
 from onbox import deadman, deadmand, manifest, resumeimport
 from onbox.fingerprint import write_fingerprint
-from onbox.launchenv import apply_profile
+from onbox.launchenv import (
+    Interpreter,
+    InterpreterMissing,
+    add_pylib,
+    apply_profile,
+    choose_interpreter,
+    job_pylib,
+    old_python_note,
+)
 from onbox.launchgates import (
     EXIT_FAILED,
     EXIT_OK,
@@ -59,17 +65,18 @@ from onbox.launchgates import (
     Stat,
     check_disk,
     newest_checkpoint,
+    refuse_if_running,
+    retire_previous,
     run_preflight,
+    take_lock,
 )
 from onbox.nodes import NodeError, identify, stream_id
 from onbox.redact import contains_secret, is_secret_name, redact_argv, redact_text, secret_values
 from onbox.runs import (
     SAFE_ID,
     JobRecord,
-    ProcRef,
     RunPaths,
     default_root,
-    end_process,
     read_json,
     utc_iso,
     wait_for,
@@ -81,10 +88,6 @@ from onbox.secrets import maskable, read_secrets
 RESERVED_ENV = ("RGT_RUN_ID", "RGT_RUN_DIR", "RGT_CKPT_DIR", "RGT_METRICS", "RGT_RESUME_FROM", "RGT_NODE",
                 "RGT_DURABLE_DIR")
 START_TIMEOUT_S = 15.0
-RETIRE_TIMEOUT_S = 15.0
-# Per-attempt records that move to rgt/attempts/<n>/ when a run is launched again.
-ATTEMPT_FILES = ("exit.json", "stop.json", "job.json", "job.pid", "preflight.json", "supervisor.json",
-                 "supervisor.pid", "job.announced", "job.exit_reported", "preempt.json", "preempt.reported")
 
 
 
@@ -100,7 +103,9 @@ class LaunchOptions:
     durable_dir: Optional[Path] = None     # recorded and exported as RGT_DURABLE_DIR
     env: Sequence[str] = ()                # "NAME=VALUE" or "NAME" (from our environment) for the job
     secrets: bool = True                   # export the box's secrets (onbox/secrets.py) to the job
-    cwd: Optional[Path] = None             # default: the launcher's
+    cwd: Optional[Path] = None             # default: code_dir, else the launcher's; relative: from code_dir
+    code_dir: Optional[Path] = None        # where `rgt launch --code` synced the code (recorded)
+    python: Optional[str] = None           # the job's interpreter (launchenv.choose_interpreter)
     preflight: bool = True
     preflight_s: float = 3.0
     probe: str = "auto"                    # GPU source of the pre-flight and the sidecar
@@ -216,12 +221,24 @@ def _env_warnings(pairs: Sequence[str]) -> List[str]:
             for name, eq, _ in (p.partition("=") for p in pairs) if eq and is_secret_name(name)]
 
 
+def _job_cwd(opts: LaunchOptions) -> Path:
+    """--cwd (relative: from --code-dir, else the launcher's), else --code-dir, else the launcher's."""
+    base = Path(opts.code_dir).expanduser() if opts.code_dir else Path(os.getcwd())
+    if opts.code_dir and not base.is_dir():
+        raise LaunchUsageError(f"--code-dir {opts.code_dir}: no such directory on {_host()}")
+    cwd = (base / Path(opts.cwd).expanduser()) if opts.cwd else base
+    if not cwd.is_dir():
+        raise LaunchUsageError(f"--cwd {opts.cwd}: no such directory on {_host()} ({cwd})",
+                               "name a directory that exists there (relative: from the synced code)")
+    return cwd.resolve()
+
+
 def _plan(opts: LaunchOptions, environ: Mapping[str, str]) -> _Plan:
     if not opts.command:
         raise LaunchUsageError("no command to run", "rgt-onbox launch [OPTIONS] -- python train.py ...")
     root = Path(opts.root).expanduser() if opts.root else default_root(dict(environ))
     root = root.resolve()
-    cwd = Path(opts.cwd or os.getcwd()).resolve()
+    cwd = _job_cwd(opts)
     run_id = _checked(opts.run_id, "run id") if opts.run_id else new_run_id()
     group, node, nodes = None, None, None
     if opts.node:
@@ -240,7 +257,8 @@ def _plan(opts: LaunchOptions, environ: Mapping[str, str]) -> _Plan:
             raise LaunchUsageError(f"run {run_id} exists in several projects ({', '.join(found)})",
                                    "name the one to resume with --project")
         project = found[0] if found else None
-    project = project or _safe_name(cwd.name, "default")
+    code = Path(opts.code_dir) if opts.code_dir else None
+    project = project or _safe_name(code.parent.name if code and code.name == "code" else cwd.name, "default")
     paths = RunPaths(root / project / "active" / run_id)
     env_set = _env_pairs(opts.env, environ)
     notes: List[str] = []
@@ -257,51 +275,6 @@ def _plan(opts: LaunchOptions, environ: Mapping[str, str]) -> _Plan:
                  secret_env=secret_env, notes=notes, group=group, node=node, nodes=nodes)
 
 
-# ---- the run directory --------------------------------------------------------------------------
-
-
-def _take_lock(paths: RunPaths) -> int:
-    fd = os.open(paths.launch_lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise LaunchRefused(f"another launch of {paths.run_dir.name} is in progress") from None
-    return fd
-
-
-def _retire_previous(paths: RunPaths) -> int:
-    """Stop the previous attempt's supervisor, file its records under rgt/attempts/<n>/; the new attempt."""
-    prev = read_json(paths.run_json) or {}
-    sup = read_json(paths.supervisor_json) or {}
-    end_process(ProcRef.from_dict(sup), RETIRE_TIMEOUT_S)
-    end_process(ProcRef.from_dict(sup.get("sidecar")), RETIRE_TIMEOUT_S)
-    done = sorted(int(p.name) for p in paths.attempts.glob("*") if p.name.isdigit()) \
-        if paths.attempts.is_dir() else []
-    recorded = prev.get("attempt")
-    last = max([recorded if isinstance(recorded, int) else 0, *done,
-                1 if paths.job_json.exists() or paths.exit_json.exists() else 0])
-    present = [name for name in ATTEMPT_FILES if (paths.rgt / name).exists()]
-    if present or prev:
-        dest = paths.attempts / str(last)
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in present:
-            os.replace(paths.rgt / name, dest / name)
-        if paths.run_json.exists():
-            shutil.copy2(paths.run_json, dest / "run.json")
-    return last + 1
-
-
-def _refuse_if_running(paths: RunPaths) -> None:
-    job = JobRecord.read(paths)
-    if job is not None and job.alive() and paths.exit_json.exists():
-        wait_for(lambda: not job.alive(), 5.0)  # the wrapper is just writing its last log line
-    if job is not None and job.alive():
-        pid = job.wrapper.pid if job.wrapper else job.job.pid if job.job else "?"
-        raise LaunchRefused(f"run {paths.run_dir.name} is still running (pid {pid})",
-                            f"stop it first: rgt-onbox stop {paths.run_dir.name}")
-
-
 def _git(cwd: Path, *args: str) -> Optional[str]:
     try:
         done = subprocess.run(["git", "-C", str(cwd), *args], stdin=subprocess.DEVNULL,
@@ -312,26 +285,37 @@ def _git(cwd: Path, *args: str) -> Optional[str]:
     return done.stdout.decode(errors="replace").strip() if done.returncode == 0 else None
 
 
-def _job_python(argv: Sequence[str], env: Mapping[str, str]) -> Optional[str]:
-    path = env.get("PATH")
-    if re.match(r"^python[0-9.]*$", os.path.basename(argv[0])):
-        return shutil.which(argv[0], path=path) or argv[0]
-    return shutil.which("python3", path=path) or shutil.which("python", path=path)
-
-
 def _host() -> str:
     return _safe_name(os.uname().nodename.split(".")[0], "host")
 
 
-def _apply_profile(profile: Optional[profiles.Profile], opts: LaunchOptions, environ: Mapping[str, str],
-                   plan: _Plan, env: Dict[str, str]) -> Tuple[List[str], List[str]]:
-    """The job's argv under the profile (interpreter, proxy hook), its variables added to `env`."""
+def _interpreter(opts: LaunchOptions, profile: Optional[profiles.Profile], environ: Mapping[str, str],
+                 plan: _Plan) -> Tuple[List[str], Interpreter]:
+    """The job's argv with its chosen interpreter (onbox/launchenv.py); a usage error naming a missing one."""
+    path_env = {**environ, **plan.secret_env, **plan.env_set}.get("PATH")
+    try:
+        return choose_interpreter(opts.command, opts.python, profile.scripts.python if profile else None,
+                                  path_env, plan.cwd, _host(), plan.notes)
+    except InterpreterMissing as e:
+        raise LaunchUsageError(str(e), e.hint) from e
+
+
+def _apply_profile(profile: Optional[profiles.Profile], argv: List[str], environ: Mapping[str, str],
+                   plan: _Plan, env: Dict[str, str], interp: Interpreter) -> Tuple[List[str], List[str]]:
+    """The job's argv under the profile (proxy hook), its variables added to `env`; PYTHONPATH gets the
+    directory that holds only `onbox` and `protocol` (launchenv.job_pylib), after the user's entries."""
+    notes = old_python_note(interp)
+    try:
+        add_pylib(env, job_pylib(plan.paths.run_dir.parent.parent.parent))
+    except OSError as e:
+        notes.append(f"`from onbox import report` will not import in the job: {e}")
     if profile is None:
-        return list(opts.command), []
-    applied = apply_profile(profile, opts.command, {**environ, **plan.secret_env, **plan.env_set})
+        return argv, notes
+    applied = apply_profile(profile, argv, {**environ, **plan.secret_env, **plan.env_set})
     env.update(applied.env)
-    plan.profile_record = applied.record
-    return applied.argv, applied.notes
+    plan.profile_record = {**applied.record, **({"python": interp.path} if interp.source == "profile"
+                                                  else {})}
+    return applied.argv, notes + applied.notes
 
 
 def _preempt_grace(opts: LaunchOptions, profile: Optional[profiles.Profile]) -> Optional[float]:
@@ -359,7 +343,8 @@ def _job_env(plan: _Plan, environ: Mapping[str, str], resume: Optional[Path]) ->
 
 
 def _run_json(plan: _Plan, opts: LaunchOptions, display: List[str], env: Mapping[str, str], attempt: int,
-              resume: Optional[Path], preflight: str, taken: Optional[resumeimport.Taken] = None) -> str:
+              resume: Optional[Path], preflight: str, interp: Interpreter,
+              taken: Optional[resumeimport.Taken] = None) -> str:
     prev = read_json(plan.paths.run_json) or {}
     sha = _git(plan.cwd, "rev-parse", "HEAD")
     dirty = _git(plan.cwd, "status", "--porcelain", "--untracked-files=no") if sha else None
@@ -368,7 +353,9 @@ def _run_json(plan: _Plan, opts: LaunchOptions, display: List[str], env: Mapping
         "command_line": shlex.join(display), "cwd": str(plan.cwd), "profile": opts.profile,
         "host": _host(), "started_at": prev.get("started_at") or utc_iso(), "launched_at": utc_iso(),
         "attempt": attempt, "git_sha": sha, "git_dirty": None if dirty is None else bool(dirty),
-        "python": _job_python(opts.command, env), "launcher_python": sys.executable,
+        "python": interp.path, "launcher_python": sys.executable, "interpreter": interp.record(),
+        "code_dir": str(Path(opts.code_dir).resolve()) if opts.code_dir else None,
+        "job_pythonpath": env.get("PYTHONPATH"),
         "env_names": sorted(env), "env_set": sorted(plan.env_set), "ckpt_dir": str(plan.ckpt_dir),
         "metrics": str(plan.metrics), "durable_dir": str(plan.durable_dir) if plan.durable_dir else None,
         "resume_from": str(resume) if resume else None, "preflight": preflight, "resumes": opts.resumes,
@@ -497,15 +484,16 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
     except profiles.ProfileError as e:
         raise LaunchUsageError(str(e), "name one of the profiles in profiles/") from e
     display = redact_argv(opts.command, plan.secrets)
+    chosen, interp = _interpreter(opts, profile, environ, plan)
     check_disk(plan.paths.run_dir, plan.ckpt_dir, plan.existing, opts.ckpt_copies, opts.min_free_bytes, stat)
     if plan.existing and plan.paths.rgt.is_dir():
-        _refuse_if_running(plan.paths)  # early, before the pre-flight's seconds; checked again locked
+        refuse_if_running(plan.paths)  # early, before the pre-flight's seconds; checked again locked
     report = run_preflight(plan.paths, opts.preflight_s, opts.probe, health) if opts.preflight else None
     plan.paths.rgt.mkdir(parents=True, exist_ok=True)
-    lock_fd = _take_lock(plan.paths)
+    lock_fd = take_lock(plan.paths)
     try:
-        _refuse_if_running(plan.paths)
-        attempt = _retire_previous(plan.paths)
+        refuse_if_running(plan.paths)
+        attempt = retire_previous(plan.paths)
         if report is not None:
             write_json_atomic(plan.paths.preflight_json, report)
         plan.ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -513,9 +501,9 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
         taken = resumeimport.take(plan.paths.run_dir, plan.ckpt_dir, request) if request else None
         resume = taken.path if taken else manifest.newest_good(plan.paths.run_dir)
         env = _job_env(plan, environ, resume)
-        argv, profile_notes = _apply_profile(profile, opts, environ, plan, env)
+        argv, profile_notes = _apply_profile(profile, chosen, environ, plan, env, interp)
         preflight = str(report.get("result")) if report else "skipped"
-        doc = _run_json(plan, opts, display, env, attempt, resume, preflight, taken)
+        doc = _run_json(plan, opts, display, env, attempt, resume, preflight, interp, taken)
         write_atomic(plan.paths.run_json, doc)
         spec = {"argv": argv, "cwd": str(plan.cwd), "env": env, "display": shlex.join(display),
                 "run_id": plan.run_id, "attempt": attempt,
@@ -528,7 +516,7 @@ def launch(opts: LaunchOptions, *, environ: Optional[Mapping[str, str]] = None, 
         os.close(lock_fd)
     # What `rgt compare` diffs beyond run.json (config files, seeds, packages, the GPU), written once
     # the job runs: listing the job interpreter's packages must not delay it. Never raises.
-    write_fingerprint(plan.paths.run_dir, list(opts.command), plan.cwd, env, _job_python(opts.command, env))
+    write_fingerprint(plan.paths.run_dir, list(opts.command), plan.cwd, env, interp.path)
     warnings += _arm_deadman(opts, plan, environ, python)
     warnings[:0] = plan.notes + _env_warnings(opts.env) + profile_notes
     if display != list(opts.command):

@@ -7,24 +7,35 @@
 """
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from onbox.errors import OnboxError
 from onbox.runs import (
+    JobRecord,
+    ProcRef,
     RunPaths,
+    end_process,
     human_bytes,
     nearest_existing,
     newest_checkpoint_in,
     newest_checkpoint_of,
+    read_json,
+    wait_for,
     write_json_atomic,
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 MIN_FREE_INODES = 1024
+RETIRE_TIMEOUT_S = 15.0
+# Per-attempt records that move to rgt/attempts/<n>/ when a run is launched again.
+ATTEMPT_FILES = ("exit.json", "stop.json", "job.json", "job.pid", "preflight.json", "supervisor.json",
+                 "supervisor.pid", "job.announced", "job.exit_reported", "preempt.json", "preempt.reported")
 
 Health = Callable[..., int]
 Stat = Callable[[str], Any]
@@ -126,3 +137,48 @@ def run_preflight(paths: RunPaths, seconds: float, probe: str, health: Optional[
         raise LaunchRefused("pre-flight FAIL: " + "; ".join(failed),
                             "`rgt-onbox health` shows the whole report; --no-preflight launches anyway")
     return dict(report)
+
+
+# ---- the run directory: one launch at a time, one attempt after another ---------------------------
+
+
+def take_lock(paths: RunPaths) -> int:
+    fd = os.open(paths.launch_lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LaunchRefused(f"another launch of {paths.run_dir.name} is in progress") from None
+    return fd
+
+
+def retire_previous(paths: RunPaths) -> int:
+    """Stop the previous attempt's supervisor, file its records under rgt/attempts/<n>/; the new attempt."""
+    prev = read_json(paths.run_json) or {}
+    sup = read_json(paths.supervisor_json) or {}
+    end_process(ProcRef.from_dict(sup), RETIRE_TIMEOUT_S)
+    end_process(ProcRef.from_dict(sup.get("sidecar")), RETIRE_TIMEOUT_S)
+    done = sorted(int(p.name) for p in paths.attempts.glob("*") if p.name.isdigit()) \
+        if paths.attempts.is_dir() else []
+    recorded = prev.get("attempt")
+    last = max([recorded if isinstance(recorded, int) else 0, *done,
+                1 if paths.job_json.exists() or paths.exit_json.exists() else 0])
+    present = [name for name in ATTEMPT_FILES if (paths.rgt / name).exists()]
+    if present or prev:
+        dest = paths.attempts / str(last)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in present:
+            os.replace(paths.rgt / name, dest / name)
+        if paths.run_json.exists():
+            shutil.copy2(paths.run_json, dest / "run.json")
+    return last + 1
+
+
+def refuse_if_running(paths: RunPaths) -> None:
+    job = JobRecord.read(paths)
+    if job is not None and job.alive() and paths.exit_json.exists():
+        wait_for(lambda: not job.alive(), 5.0)  # the wrapper is just writing its last log line
+    if job is not None and job.alive():
+        pid = job.wrapper.pid if job.wrapper else job.job.pid if job.job else "?"
+        raise LaunchRefused(f"run {paths.run_dir.name} is still running (pid {pid})",
+                            f"stop it first: rgt-onbox stop {paths.run_dir.name}")

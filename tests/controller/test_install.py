@@ -40,7 +40,7 @@ from tests.sshbox import SshBox, sshbox  # noqa: F401  (the fixture)
 
 WHEELHOUSE = REPO / ".wheelhouse"
 BASE_PYTHON = getattr(sys, "_base_executable", sys.executable)
-BOX_DEPS = {"pyzmq", "psutil", "nvidia-ml-py", "watchdog", "click"}
+BOX_DEPS = {"pyzmq", "psutil", "nvidia-ml-py", "watchdog", "click", "py-spy"}  # py-spy: optional
 
 
 @click.group(cls=RgtGroup)
@@ -250,19 +250,23 @@ def box_python() -> boxprobe.BoxPython:
                               tags_from="pip", venv_python=True, record=None, wheels={})
 
 
-def test_a_missing_dependency_retries_once_with_the_box_index(tmp_path: Path) -> None:
+def test_the_box_index_is_asked_only_with_index_and_says_so(tmp_path: Path) -> None:
     ours = Wheel.from_path(make_wheel(tmp_path, "remote-gpu-trainer", PACKAGE_VERSION))
     lines: List[str] = []
     shell = ScriptedShell([(1, MISSING), (0, b"")])
-    assert _pip_install(shell, box_python(), ours, InstallOptions(), lines.append, force=False) is True
+    assert _pip_install(shell, box_python(), ours, InstallOptions(index=True), lines.append, force=False)
     assert "--no-index" in shell.commands[0] and "--no-index" not in shell.commands[1]
-    assert any("no wheel for click>=8.1; retrying once with the box's own index" in line for line in lines)
+    assert any("no wheel for click>=8.1; --index: retrying once with the box's own index" in line
+               for line in lines)
 
-    strict = ScriptedShell([(1, MISSING)])
-    with pytest.raises(InstallError, match="no wheel for click>=8.1 and --no-index-fallback"):
-        _pip_install(strict, box_python(), ours, InstallOptions(no_index_fallback=True), lines.append,
-                     force=False)
+    strict = ScriptedShell([(1, MISSING)])  # the default: no silent fallback
+    with pytest.raises(InstallError, match="no wheel for click>=8.1, and its own index is not used without"):
+        _pip_install(strict, box_python(), ours, InstallOptions(), lines.append, force=False)
     assert len(strict.commands) == 1
+
+    extra = ScriptedShell([(0, b"")])
+    _pip_install(extra, box_python(), ours, InstallOptions(), lines.append, force=False, extra=["py-spy"])
+    assert extra.commands[0].endswith(" py-spy") and "--no-index" in extra.commands[0]
 
     other = ScriptedShell([(1, b"ERROR: disk full\n")])  # not a missing wheel: no second try
     with pytest.raises(InstallError, match="disk full"):
@@ -311,7 +315,9 @@ def forbid_index(home: Path) -> None:
 @pytest.fixture
 def box(sshbox: SshBox, tmp_path: Path) -> Iterator[Dict[str, Any]]:  # noqa: F811
     forbid_index(sshbox.home)
-    env = {"RGT_HOME": str(tmp_path / "state"), "RGT_SSH_CONFIG": str(sshbox.config_file)}
+    # PIP_NO_INDEX: the laptop's own `pip download` of a missing wheel finds nothing either
+    env = {"RGT_HOME": str(tmp_path / "state"), "RGT_SSH_CONFIG": str(sshbox.config_file),
+           "PIP_NO_INDEX": "1"}
     with Store.open(tmp_path / "state" / "rgt.db") as store:
         store.add_host("box", ssh=sshbox.alias)
     yield {"box": sshbox, "env": env, "state": tmp_path / "state"}
@@ -333,13 +339,15 @@ def test_install_onto_the_box_offline_then_again_as_a_no_op(box: Dict[str, Any])
     assert out["venv"] == str(venv) and out["onbox"] == str(venv / "bin" / "rgt-onbox")
     assert out["version"] == PACKAGE_VERSION and out["already"] is False and out["used_index"] is False
     assert out["copied_files"] == 1 + len(BOX_DEPS) and out["recorded"] is True
-    for step in ("build:", "probe:", "copy: 6 files", "venv: creating", "install:", "verify:"):
+    assert sorted(out["shipped"]) == sorted(BOX_DEPS | {"remote-gpu-trainer"}) and not out["warnings"]
+    for step in ("build:", "probe:", "copy: 7 files", "venv: creating", "install:", "verify:"):
         assert stderr_lines(first, step), (step, first.stderr)
     shipped = {Wheel.from_path(p).name for p in (the_box.home / ".rgt" / "wheels").glob("*.whl")}
     assert shipped == BOX_DEPS | {"remote-gpu-trainer"}  # exactly what the box needs, nothing else
     version = subprocess.run([str(venv / "bin" / "rgt-onbox"), "--version"], capture_output=True,
                              text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert version.stdout.split()[-1] == PACKAGE_VERSION
+    assert (venv / "bin" / "py-spy").is_file()  # shipped and installed: the sidecar's stack dumper
     with Store.open(box["state"] / "rgt.db") as store:
         installed = store.host("box")["installed"]
         assert installed["version"] == PACKAGE_VERSION and installed["onbox"] == out["onbox"]
@@ -366,12 +374,28 @@ def test_a_missing_wheel_without_index_fallback_names_the_requirement(box: Dict[
     shutil.copytree(WHEELHOUSE, partial)
     for p in partial.glob("click-*.whl"):
         p.unlink()
-    result = invoke(["install", "box", "--wheelhouse", str(partial), "--python", BASE_PYTHON,
-                     "--no-index-fallback"], box["env"])
-    assert result.exit_code == 1
+    result = invoke(["install", "box", "--wheelhouse", str(partial), "--python", BASE_PYTHON], box["env"])
+    assert result.exit_code == 1  # the default: never the box's index without saying so
     assert "error: no wheel for the box's Python" in result.stderr and "click>=8.1" in result.stderr
-    assert "needed by remote-gpu-trainer" in result.stderr and "hint: pass --wheelhouse" in result.stderr
+    assert "needed by remote-gpu-trainer" in result.stderr and "pip download here failed" in result.stderr
+    assert "download: click>=8.1" in result.stderr  # it tried to fetch it here first
+    assert "hint: pass --wheelhouse" in result.stderr and "--index" in result.stderr
     assert not (box["box"].home / ".rgt" / "venv").exists()  # refused before anything changed there
+
+
+@pytest.mark.e2e
+def test_a_missing_optional_py_spy_is_a_warning_not_a_failure(box: Dict[str, Any], tmp_path: Path) -> None:
+    partial = tmp_path / "partial"
+    shutil.copytree(WHEELHOUSE, partial)
+    for p in partial.glob("py_spy-*.whl"):
+        p.unlink()
+    result = invoke(["install", "box", "--wheelhouse", str(partial), "--python", BASE_PYTHON, "--json"],
+                    box["env"])
+    assert result.exit_code == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert "py-spy" not in out["shipped"] and "click" in out["shipped"]
+    assert len(out["warnings"]) == 1 and "no py-spy>=0.3 wheel" in out["warnings"][0]
+    assert not (box["box"].home / ".rgt" / "venv" / "bin" / "py-spy").exists()
 
 
 @pytest.mark.e2e

@@ -243,11 +243,19 @@ def test_job_environment_session_and_unbuffered_log(rig: Rig) -> None:
 
 
 def test_a_command_that_cannot_start_is_reported(rig: Rig) -> None:
-    with pytest.raises(LaunchError, match="did not start.*No such file"):
-        rig.launch(["/no/such/program", "--token=abc12345"], run_id="bad")
+    # a missing program is named before anything starts (onbox/launchenv.py), its arguments never shown
+    with pytest.raises(LaunchUsageError, match=r"^/no/such/program not found on \S+$") as e:
+        rig.launch(["/no/such/program", "--token=abc12345"], run_id="missing")
+    assert "abc12345" not in str(e.value) and not (rig.root / "p" / "active" / "missing").exists()
+    # one that is there but cannot be executed fails in the wrapper, recorded as exit 126
+    junk = rig.tmp / "junk"
+    junk.write_bytes(b"\x00\x01not a program")
+    junk.chmod(0o755)
+    with pytest.raises(LaunchError, match="did not start.*Exec format error"):
+        rig.launch([str(junk), "--token=abc12345"], run_id="bad")
     run_dir = rig.root / "p" / "active" / "bad"
     doc = read_json(run_dir / "rgt" / "exit.json")
-    assert doc is not None and doc["code"] == 127
+    assert doc is not None and doc["code"] == 126
     assert run_status(run_dir).state == "failed" and not (run_dir / "rgt" / "supervisor.pid").exists()
 
 
