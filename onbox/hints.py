@@ -9,10 +9,21 @@ They append one line per fact; the sidecar's custody and training monitors tail 
     {"v": 1, "kind": "output_dir", "path": "/abs/out", "framework": "hf", "ts": ...}
 
 Kinds: "checkpoint" (a save finished: `path` is the file or directory the framework resumes from),
-"output_dir" (a directory the framework writes checkpoints under). `path` is absolute or relative
-to the job's cwd. The job is on the same box as the sidecar but is still input: the reader drops
-lines that are not objects of a known kind with a string path, caps line length and count, and
-never follows a path it was not asked to check.
+"output_dir" (a directory the framework writes checkpoints under), "removed" (the framework's own
+rotation deleted the checkpoint at `path`: HF `save_total_limit`, Lightning `save_top_k`), and
+"faulthandler" (the process `pid` dumps the Python stacks of all its threads into `path` when it
+receives signal number `signal`; `path` is always <run>/rgt/stacks/<pid>.txt, `stacks_path()`):
+
+    {"v": 1, "kind": "faulthandler", "pid": 4242, "signal": 12, "path": "/run/rgt/stacks/4242.txt",
+     "framework": "hf", "ts": ...}
+
+Each dump is appended to that file: a reader notes its size before sending the signal and reads
+from there. Send the signal only to a pid that hinted it: the default action of SIGUSR2 ends a
+process. `path` is absolute or relative to the job's cwd.
+
+The job is on the same box as the sidecar but is still input: the reader drops lines that are not
+objects of a known kind with a string path, caps line length and count, drops a "faulthandler"
+hint whose path is not its pid's stack file, and never follows a path it was not asked to check.
 
 Standard library only: the writer runs inside the job's own Python (3.9+), without the sidecar's
 dependencies; it is a no-op when the job was not started by rgt (no RGT_RUN_DIR).
@@ -21,13 +32,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal as _signal
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 FILENAME = "hints.jsonl"
 VERSION = 1
-KINDS = ("checkpoint", "output_dir")
+KINDS = ("checkpoint", "output_dir", "removed", "faulthandler")
+STACKS_DIR = "stacks"
 MAX_LINE_BYTES = 8192
 MAX_READ_BYTES = 1 << 20
 
@@ -38,14 +51,32 @@ def hints_path(run_dir: Optional[str] = None) -> Optional[Path]:
     return Path(base) / "rgt" / FILENAME if base else None
 
 
+def stacks_path(run_dir: str, pid: int) -> Path:
+    """<run>/rgt/stacks/<pid>.txt: where process `pid` dumps its stacks (the "faulthandler" hint)."""
+    return Path(run_dir) / "rgt" / STACKS_DIR / f"{int(pid)}.txt"
+
+
+def _valid_pid(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 31
+
+
+def _valid_signal(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < _signal.NSIG
+
+
 def write(kind: str, path: str, *, step: Optional[int] = None, framework: Optional[str] = None,
-          run_dir: Optional[str] = None) -> bool:
-    """Append one hint line (one write(2) of a whole line, O_APPEND); False when there is no run or
-    the write failed. Never raises: a hint must not break the training job."""
+          run_dir: Optional[str] = None, pid: Optional[int] = None, signal: Optional[int] = None) -> bool:
+    """Append one hint line (one write(2) of a whole line, O_APPEND); False when there is no run,
+    the hint is malformed (a "faulthandler" hint needs `pid` and `signal`) or the write failed.
+    Never raises: a hint must not break the training job."""
     target = hints_path(run_dir)
     if target is None or kind not in KINDS:
         return False
     doc: Dict[str, Any] = {"v": VERSION, "kind": kind, "path": os.path.abspath(str(path)), "ts": time.time()}
+    if kind == "faulthandler":
+        if not (_valid_pid(pid) and _valid_signal(signal)):
+            return False
+        doc["pid"], doc["signal"] = pid, signal
     if step is not None:
         doc["step"] = int(step)
     if framework:
@@ -78,6 +109,10 @@ def parse(line: bytes) -> Optional[Dict[str, Any]]:
     if not isinstance(path, str) or not path or "\x00" in path or len(path) > 4096:
         return None
     out: Dict[str, Any] = {"kind": doc["kind"], "path": path}
+    if doc["kind"] == "faulthandler":
+        if not (_valid_pid(doc.get("pid")) and _valid_signal(doc.get("signal"))):
+            return None
+        out["pid"], out["signal"] = doc["pid"], doc["signal"]
     step = doc.get("step")
     if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 1 << 62:
         out["step"] = step
@@ -93,7 +128,8 @@ class HintReader:
     """Tails <run>/rgt/hints.jsonl: `poll()` returns the hints appended since the last call."""
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / "rgt" / FILENAME
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "rgt" / FILENAME
         self._offset = 0
         self._inode: Optional[int] = None
 
@@ -116,9 +152,13 @@ class HintReader:
         out = []
         for line in raw[:end].split(b"\n"):
             hint = parse(line)
-            if hint is not None:
-                out.append(hint)
+            if hint is None:
+                continue
+            if hint["kind"] == "faulthandler" and hint["path"] != os.path.abspath(
+                    stacks_path(str(self.run_dir), hint["pid"])):
+                continue  # a stack file is only ever <run>/rgt/stacks/<pid>.txt: nothing else is read
+            out.append(hint)
         return out
 
 
-__all__ = ["FILENAME", "KINDS", "HintReader", "hints_path", "parse", "write"]
+__all__ = ["FILENAME", "KINDS", "STACKS_DIR", "HintReader", "hints_path", "parse", "stacks_path", "write"]

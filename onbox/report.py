@@ -148,10 +148,11 @@ def save(obj: Any, name_or_path: PathLike, *, fmt: str = "torch", step: Optional
 
 
 def latest_checkpoint() -> Optional[Path]:
-    """$RGT_RESUME_FROM when set and present (the launcher takes it from the custody manifest),
-    else the newest regular file in the checkpoint dir by mtime that is not a ``.tmp``; else None."""
+    """$RGT_RESUME_FROM when set and present (the launcher takes it from the custody manifest; a
+    file, or a directory for a checkpoint that is one, as Hugging Face's `checkpoint-N/`), else
+    the newest regular file in the checkpoint dir by mtime that is not a ``.tmp``; else None."""
     resume = os.environ.get("RGT_RESUME_FROM")
-    if resume and Path(resume).is_file():
+    if resume and (Path(resume).is_file() or Path(resume).is_dir()):
         return Path(resume)
     best: Optional[Path] = None
     best_mtime = -1.0

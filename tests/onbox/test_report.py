@@ -161,6 +161,16 @@ def test_latest_checkpoint_prefers_the_launchers_choice_then_the_newest_file(
     assert report.latest_checkpoint() == ckpt / "b.pt"
 
 
+def test_latest_checkpoint_hands_on_a_directory_the_launcher_chose(
+        env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Hugging Face checkpoint is a directory: RGT_RESUME_FROM naming one is what to resume."""
+    hf = env / "out" / "checkpoint-20"
+    hf.mkdir(parents=True)
+    (hf / "trainer_state.json").write_text("{}")
+    monkeypatch.setenv("RGT_RESUME_FROM", str(hf))
+    assert report.latest_checkpoint() == hf
+
+
 # ---- seed -----------------------------------------------------------------------------------------
 
 
