@@ -298,10 +298,14 @@ class Wake:
     explain: str        # one line, safe to print
     next: str           # the command to run next
     clean_exit: Optional[bool]   # job.exited only: finished cleanly or not
+    stacks: Tuple[str, ...] = ()  # job.stalled: a short form of each process's stack
 
     def record(self, woke_at: float) -> Dict[str, Any]:
-        return {"exit": 0 if self.clean_exit else 10, "run": self.run, "event": self.event,
-                "explain": self.explain, "next": self.next, "woke_at": woke_at}
+        out: Dict[str, Any] = {"exit": 0 if self.clean_exit else 10, "run": self.run, "event": self.event,
+               "explain": self.explain, "next": self.next, "woke_at": woke_at}
+        if self.stacks:
+            out["stacks"] = list(self.stacks)
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,7 +351,8 @@ def judge(event: AnyEvent, policy: Policy, now: float, woken: Mapping[str, float
     run = event.run
     wake = Wake(run=run, key=key, condition=cond, event=envelope(event),
                 explain=explain(event, job_started_at), next=next_command(event),
-                clean_exit=finished_cleanly(event))
+                clean_exit=finished_cleanly(event),
+                stacks=tuple(stack_lines(event.data)) if kind == "job.stalled" else ())
     return Verdict("wake", key, wake)
 
 
@@ -440,7 +445,10 @@ def _exited(d: Mapping[str, Any], duration: str) -> str:
         head = "the job vanished without an exit record"
         head += " (OOM kill counted)" if d.get("oom_killed") else ""
     elif d.get("oom_killed"):
-        head = f"the job was OOM-killed (code {code})"
+        what = f"signal {signal_name(sig)}" if sig else f"code {code}"
+        limit = d.get("oom_limit")
+        head = (f"the job was OOM-killed ({what}): limit hit: {limit}" if isinstance(limit, str) and limit
+                else f"the job was OOM-killed ({what})")
     elif d.get("preempted"):
         head = f"the job was preempted: stopped by {signal_name(sig) if sig else 'a signal'} rgt did not send"
     elif sig:
@@ -454,6 +462,40 @@ def _exited(d: Mapping[str, Any], duration: str) -> str:
         why = "; ".join(map(str, reasons)) if isinstance(reasons, list) and reasons else "see its events"
         return f"{head}{duration}, but the run failed: {why}"
     return head + duration
+
+
+def stack_lines(d: Mapping[str, Any], limit: int = 8) -> List[str]:
+    """A short form of a job.stalled's stacks (box data: checked, escaped later): one line per
+    process, "rank 1 (pid 12): f (a.py:3) < g (b.py:9)", innermost frame first."""
+    stacks = d.get("stacks")
+    if not isinstance(stacks, list):
+        return []
+    out: List[str] = []
+    for s in stacks[:limit]:
+        if not isinstance(s, Mapping):
+            continue
+        rank, pid, threads = s.get("rank"), s.get("pid"), s.get("threads")
+        who = f"rank {number(rank)} (pid {number(pid)})" if rank is not None else f"pid {number(pid)}"
+        first: Mapping[str, Any] = {}
+        if isinstance(threads, list) and threads and isinstance(threads[0], Mapping):
+            first = threads[0]
+        frames = first.get("frames") if isinstance(first.get("frames"), list) else []
+        body = " < ".join(str(f)[:120] for f in frames[:4]) if frames else str(s.get("error") or "no stack")
+        out.append(printable(f"{who}: {body}")[:300])
+    return out
+
+
+def _stalled(d: Mapping[str, Any]) -> str:
+    if d.get("verdict") == "stopped (SIGSTOP)":
+        return "process {stopped_pids} of the job is stopped (SIGSTOP, state T): nothing runs until SIGCONT"
+    text = "no progress for {idle_s} (budget {budget_s}){at}; verdict {verdict}" + (
+        ", GPU {gpu_util_pct}% busy" if d.get("gpu_util_pct") is not None else "") + (
+        " on every node; {first_node} stopped first" if d.get("scope") == "all nodes" else "")
+    hang = d.get("hang")
+    if isinstance(hang, Mapping) and isinstance(hang.get("detail"), str):
+        return text + "; " + str(hang["detail"]).replace("{", "(").replace("}", ")")
+    lines = stack_lines(d, 1)
+    return text + ("; " + lines[0].replace("{", "(").replace("}", ")") if lines else "")
 
 
 def _silent(d: Mapping[str, Any]) -> str:
@@ -476,9 +518,7 @@ _TEMPLATES: Dict[str, Template] = {
         "training restarted at epoch {new_epoch} (it had reached epoch {last_epoch})"),
     "train.slow": "steps advance while the GPU idles ({gpu_util_pct}% busy): data-bound",
     "train.short_run": "the job finished early: {fraction} of its expected {by}",
-    "job.stalled": lambda d: "no progress for {idle_s} (budget {budget_s}){at}; verdict {verdict}" + (
-        ", GPU {gpu_util_pct}% busy" if d.get("gpu_util_pct") is not None else "") + (
-        " on every node; {first_node} stopped first" if d.get("scope") == "all nodes" else ""),
+    "job.stalled": lambda d: _stalled(d),
     "gpu.xid": lambda d: "Xid {code} ({xid_name}) on {where}" + (": {advice}" if d.get("advice") else ""),
     "gpu.lost": "{where} was lost (evidence: {evidence})",
     "gpu.ecc": lambda d: (
@@ -540,4 +580,4 @@ def next_command(event: AnyEvent) -> str:
 __all__ = ["CLEAR_KINDS", "Policy", "Verdict", "Wake", "absorbed_key", "check_layer", "classify",
            "condition_key", "envelope", "event_key", "explain", "finished_cleanly", "identity", "is_clear",
            "judge", "last_woken", "mark_key", "merged", "next_command", "number", "parse_kinds",
-           "parse_window", "seconds", "severity", "size"]
+           "parse_window", "seconds", "severity", "size", "stack_lines"]

@@ -31,6 +31,7 @@ from onbox.detectors.gpu import (
     ProbeHealthDetector,
     ThrottleDetector,
 )
+from onbox.detectors.hang import StoppedDetector
 from onbox.detectors.hysteresis import Finding
 from onbox.detectors.job import ExitRecord, JobDetector, parse_exit_record
 from onbox.detectors.memory import MemoryDetector, MemReading, MemThresholds
@@ -40,8 +41,15 @@ from onbox.probes import RoundWorker, init_probe, make_probe
 from onbox.sources import host
 from onbox.sources.fake_gpu import TICK_S, ScriptedProbe
 from onbox.sources.gpu import Capability, GpuInfo, GpuProbe, GpuProcess, GpuSample, XidEvent
-from onbox.sources.kmsg import KERNEL_FACILITY, KmsgReader, parse_gpu_lost, xid_from_record
-from onbox.sources.process import ProcessSource, ProcessView, ProcInfo
+from onbox.sources.kmsg import (
+    KERNEL_FACILITY,
+    KmsgReader,
+    OomLine,
+    oom_from_record,
+    parse_gpu_lost,
+    xid_from_record,
+)
+from onbox.sources.process import ProcessSource, ProcessView, ProcInfo, proc_env, proc_state
 from onbox.xid import XidDeduper
 
 log = logging.getLogger(__name__)
@@ -96,7 +104,8 @@ class HealthMonitor:
                  processes: Optional[ProcessSource] = None, cgroups: Optional[host.CgroupReader] = None,
                  stat: Callable[[str], Any] = os.statvfs,
                  host_memory: Callable[[], Tuple[int, int]] = host.host_memory,
-                 boot_id: Callable[[], Optional[str]] = host.boot_id) -> None:
+                 boot_id: Callable[[], Optional[str]] = host.boot_id,
+                 state: Callable[[int], Optional[str]] = proc_state) -> None:
         self.config = config
         self._emit = emit
         self._clock = clock
@@ -111,6 +120,7 @@ class HealthMonitor:
         self._stat = stat
         self._host_memory = host_memory
         self._boot_id = boot_id
+        self._state = state
         self._cap = Capability(False, "not started")
         self._lock = threading.Lock()
         self._kmsg_lock = threading.Lock()
@@ -135,6 +145,10 @@ class HealthMonitor:
         self._tree_at: Optional[float] = None
         self._job_state: Dict[str, Any] = {}
         self._cgroup: Optional[host.CgroupLocation] = None
+        self._job_cgroups: Dict[str, host.CgroupLocation] = {}  # every memory cgroup a job process was in
+        self._job_pids: Set[int] = set()                        # every pid ever seen in the job's tree
+        self._oom_memcg: Optional[str] = None                   # v1's "limit of" line, for the next kill line
+        self._stopped = StoppedDetector()
         self._mem = MemoryDetector(config.mem_thresholds)
         self._disks: List[Tuple[DiskDetector, Path]] = []
         self._disk_report_at: Optional[float] = None
@@ -349,6 +363,8 @@ class HealthMonitor:
             return
         self._tree_at = now
         self._job_tree = self._processes.tree(self._job.pid) if self._job_alive() else set()
+        if len(self._job_pids) < 4096:
+            self._job_pids |= self._job_tree
         self._job.children = max(0, len(self._job_tree) - 1) if self._job_tree else self._job.children
 
     # ---- Xids ---------------------------------------------------------------------------------
@@ -382,6 +398,10 @@ class HealthMonitor:
         findings: List[Finding] = []
         with self._lock:
             for record in records:
+                oom = oom_from_record(record)
+                if oom is not None:
+                    self._on_oom_line(oom)
+                    continue
                 if record.facility != KERNEL_FACILITY or "NVRM" not in record.message:
                     continue
                 line = xid_from_record(record)
@@ -397,6 +417,21 @@ class HealthMonitor:
                 if gone is not None and info is not None:
                     findings += self._lost[info.index].report("kmsg", gone.raw[:300])
         self._emit_all(findings)
+
+    def _on_oom_line(self, oom: OomLine) -> None:
+        """A kernel OOM-killer line: evidence for the job's exit when it names one of its pids."""
+        job = self._job
+        if job is None:
+            return
+        if oom.pid is None:  # v1's "Task in /a killed as a result of limit of /a": the kill line follows
+            self._oom_memcg = oom.memcg
+            return
+        memcg, self._oom_memcg = oom.memcg or self._oom_memcg, None
+        if oom.pid != job.pid and oom.pid not in self._job_pids:
+            return
+        limit = self._cgroups.describe(memcg) if memcg else None
+        job.note_kernel_oom(oom.pid, oom.name, oom.scope, limit)
+        log.warning("kernel OOM killer: %s", oom.raw[:300])
 
     # ---- job and memory -----------------------------------------------------------------------
 
@@ -421,6 +456,7 @@ class HealthMonitor:
         if done is not None and done.get("pid") == pid:
             self._job.exited = True  # an earlier sidecar of this run already reported the exit
         self._cgroup = self._cgroups.locate(pid if info is not None and not rebooted else None)
+        self._job_pids = {pid}
         self._job_state = {"pid": pid, "alive": self._job_alive(), "rebooted": rebooted}
 
     def _job_alive(self) -> bool:
@@ -467,9 +503,13 @@ class HealthMonitor:
         mem = self.read_memory()
         if alive:
             self._refresh_tree(now, self.config.children_refresh_s)
+        else:
+            self.kmsg_tick()  # the kernel's OOM line, if any, before the exit is judged
+        self._watch_cgroups(job, alive)
+        findings = self._stopped.update(now, self._stopped_now() if alive else {}, alive)
         record = None if alive else self._read_exit_record()
-        findings = job.update(now, alive, record, mem.oom_kill if mem else None,
-                              info.rss_bytes if info else None)
+        findings += job.update(now, alive, record, mem.oom_kill if mem else None,
+                               info.rss_bytes if info else None)
         if alive and mem is not None:
             extra = {"pid": job.pid, "rss_bytes": info.rss_bytes if info else None, "children": job.children}
             findings += self._mem.update(mem, now, extra)
@@ -477,6 +517,42 @@ class HealthMonitor:
         if job.exited:
             (self.rgt_dir / "job.exit_reported").write_text(json.dumps({"pid": job.pid}) + "\n")
         self._emit_all(findings)
+
+    def _watch_cgroups(self, job: JobDetector, alive: bool) -> None:
+        """Re-read which memory cgroup each job process is in (a job may move itself into one of its
+        own: systemd-run --scope, a Slurm step) and each such cgroup's oom_kill counter and limit."""
+        if alive:
+            pids = [job.pid, *sorted(self._job_tree - {job.pid})][:16]
+            for pid in pids:
+                where = self._cgroups.locate(pid)
+                if where is None:
+                    continue
+                if len(self._job_cgroups) < 64:
+                    self._job_cgroups.setdefault(str(where.leaf), where)
+                if pid != job.pid and self._cgroup is not None and where.leaf != self._cgroup.leaf:
+                    self._cgroup = where  # memory pressure follows the job into its own cgroup
+                    job.oom_base = self._mem.oom_base = None  # another cgroup's counter: a new base
+        for where in list(self._job_cgroups.values()):
+            mem = self._cgroups.memory(where)
+            if mem is None:
+                continue
+            limit = host.describe_limit(where, mem)
+            job.observe_cgroup(host.kernel_path(where), mem.oom_kill, limit)
+            if self._cgroup is not None and where.leaf == self._cgroup.leaf:
+                job.main_limit = limit
+        self._job_state["cgroups"] = sorted(host.kernel_path(w) for w in self._job_cgroups.values())
+
+    def _stopped_now(self) -> Dict[int, Dict[str, Any]]:
+        """The job's processes in state T (stopped by a signal), with their name and rank."""
+        out: Dict[int, Dict[str, Any]] = {}
+        for pid in sorted(self._job_tree | ({self._job.pid} if self._job else set()))[:64]:
+            if self._state(pid) != "T":
+                continue
+            env = proc_env(pid)
+            rank = env.get("RANK") or env.get("LOCAL_RANK")
+            out[pid] = {"pid": pid, "name": self._processes.name(pid),
+                        "rank": int(rank) if rank is not None and rank.isdigit() else None}
+        return out
 
     # ---- disks --------------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ from .preempt import PreemptWatch
 from .pullmanifest import MANIFEST_REL, ManifestError, build_manifest, save_manifest
 from .settings import custody_config, load_watch, training_config
 from .sources import process
+from .stacks import StackCapture, StallStacks
 from .training import TrainingMonitor
 from .transport import CurveServer, EventServer, socket_dir_for
 
@@ -68,6 +69,7 @@ class SidecarConfig:
     gpu_sample_s: float = 2.0
     watch_paths: Sequence[Path] = ()  # filesystems to watch besides the run dir's
     kmsg: bool = True                 # read Xids from /dev/kmsg too, when readable
+    stacks: bool = True               # a job.stalled carries the job's Python stacks (onbox/stacks.py)
     watch: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # over run.json's "watch"
     synthetic_count: int = 0          # tests and benchmarks: emit until last_seq reaches it
     synthetic_rate_hz: float = 0.0    # 0 = as fast as possible
@@ -120,10 +122,12 @@ class Sidecar:
                           gpu_sample_s=config.gpu_sample_s,
                           watch_paths=tuple(config.watch_paths), kmsg=config.kmsg),
             self.emit)
+        self.stalls = StallStacks(config.job_pid, self._emit_now,
+                                  StackCapture(self.run_dir) if config.stacks else None)
         watch = load_watch(self.run_dir, config.watch)
         self.training = TrainingMonitor(training_config(self.run_dir, watch, config.job_pid), self.emit,
                                         gpu_util=self.monitor.recent_gpu_util)
-        self.custody = CustodyMonitor(custody_config(self.run_dir, watch), self.emit,
+        self.custody = CustodyMonitor(custody_config(self.run_dir, watch, config.job_pid), self.emit,
                                       on_commit=self.training.note_checkpoint)
         self.deadman = DeadmanFeed(self.rgt_dir, self.emit)
         self.preempt = PreemptWatch(self.rgt_dir, self.emit, self._flush_custody)
@@ -186,6 +190,7 @@ class Sidecar:
         self.custody.close()
         self.training.close()
         self.monitor.close()
+        self.stalls.close()
         try:
             self.emit("sidecar.stopping", {"boot_id": self.boot_id})
         finally:
@@ -198,8 +203,15 @@ class Sidecar:
     # ---- events -----------------------------------------------------------
 
     def emit(self, kind: str, data: Optional[Mapping[str, Any]] = None,
-             sev: Optional[str] = None) -> Event:
-        """Journal, then publish. Thread-safe; returns the journaled event."""
+             sev: Optional[str] = None) -> Optional[Event]:
+        """Journal, then publish. Thread-safe; returns the journaled event, or None when the stall
+        hook took it (a job.stalled held while its stacks are captured, or merged into an open one)."""
+        if not self.stalls.route(kind, data or {}, sev):
+            return None
+        return self._emit_now(kind, data, sev)
+
+    def _emit_now(self, kind: str, data: Optional[Mapping[str, Any]] = None,
+                  sev: Optional[str] = None) -> Event:
         if kind == "job.exited":
             data, sev = self._final_status(dict(data or {}), sev)
         with self._emit_lock:

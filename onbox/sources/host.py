@@ -111,6 +111,16 @@ class CgroupReader:
             return self._pick(self.root, v2, "memory.current", 2)
         return None
 
+    def describe(self, memcg: str) -> str:
+        """The cgroup the kernel log names (``oom_memcg=/a/b``), with its limit when it can be read."""
+        rel = memcg.strip("/")
+        for version, mount in ((2, self.root), (1, self.root / "memory")):
+            limit = _int_or_none(self._text(mount / rel / limit_file(version)) or "")
+            if limit is not None and limit < V1_UNLIMITED:
+                what = "container cgroup" if not rel else "job cgroup"
+                return f"{what} /{rel} ({limit_file(version)} {limit} bytes)"
+        return f"job cgroup /{rel}"
+
     def _pick(self, mount: Path, rel: str, probe: str, version: int) -> Optional[CgroupLocation]:
         leaf = mount / rel.strip("/")
         for candidate in (leaf, mount):  # a cgroup namespace shows its own root as the mount
@@ -157,6 +167,31 @@ class CgroupReader:
         key = "inactive_file" if version == 2 else "total_inactive_file"
         inactive = _counter(stat, key) if stat else None
         return current if inactive is None else max(0, current - inactive)
+
+
+def kernel_path(where: CgroupLocation, node: Optional[Path] = None) -> str:
+    """A cgroup as the kernel log names it: its path under the mount ("/" for the mount itself)."""
+    node = where.leaf if node is None else node
+    try:
+        rel = node.relative_to(where.mount)
+    except ValueError:
+        return str(node)
+    return "/" + str(rel) if str(rel) not in ("", ".") else "/"
+
+
+def limit_file(version: int) -> str:
+    return "memory.max" if version == 2 else "memory.limit_in_bytes"
+
+
+def describe_limit(where: CgroupLocation, mem: CgroupMemory) -> Optional[str]:
+    """The limit that binds `mem`, for a person: "job cgroup /a/b (memory.max 67108864 bytes)", or
+    "container cgroup / (...)" when it sits at the root we see (a container's cgroup namespace);
+    None when no level up the tree has a limit."""
+    if not mem.max_bytes:
+        return None
+    node = Path(mem.path)
+    what = "container cgroup" if node == where.mount else "job cgroup"
+    return f"{what} {kernel_path(where, node)} ({limit_file(mem.version)} {mem.max_bytes} bytes)"
 
 
 @dataclasses.dataclass(frozen=True)

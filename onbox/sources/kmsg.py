@@ -277,6 +277,75 @@ def parse_gpu_lost_text(text: str) -> List[GpuLostLine]:
     return out
 
 
+# The OOM killer prints (mm/oom_kill.c), newest kernels first:
+#   oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg=/a/b,
+#       task_memcg=/a/b,task=python3,pid=1234,uid=0
+#   Memory cgroup out of memory: Killed process 1234 (python3) total-vm:82132kB, anon-rss:...
+#   Out of memory: Killed process 1234 (python3) total-vm:...          (the whole box: global OOM)
+# and before 5.x: "Memory cgroup out of memory: Kill process 1234 (python3) score 1000 or sacrifice
+# child", then "Killed process 1234 (python3) total-vm:..."; v1 kernels add "Task in /a/b killed as a
+# result of limit of /a".
+_OOM_KILLED_RE = re.compile(
+    r"(?P<scope>Memory cgroup out of memory|Out of memory(?: \([^)]*\))?)?:?\s*"
+    r"Kill(?:ed)? process (?P<pid>\d+) \((?P<name>[^)]*)\)")
+_OOM_KILL_RE = re.compile(r"oom-kill:(?P<fields>\S+)")
+_OOM_LIMIT_RE = re.compile(r"Task in (?P<task>\S+) killed as a result of limit of (?P<limit>\S+)")
+
+
+@dataclass(frozen=True)
+class OomLine:
+    """One OOM-killer line naming the killed process.
+
+    `scope` is "cgroup" (a memory cgroup's limit was hit), "global" (the box ran out) or None (the
+    line does not say: the old second line). `memcg` is the cgroup whose limit was hit (``oom_memcg=``
+    or v1's "limit of"), as the kernel names it (relative to the cgroup mount), when the line says.
+    """
+
+    pid: Optional[int]
+    name: Optional[str]
+    scope: Optional[str]
+    memcg: Optional[str]
+    raw: str
+    kernel_ts: Optional[float] = None
+
+
+def parse_oom_line(line: str) -> Optional[OomLine]:
+    """An OOM-killer line (kernel facility only), or None."""
+    if "process" not in line and "oom-kill:" not in line and "killed as a result" not in line:
+        return None
+    p = _strip_prefixes(line)
+    if not p.from_kernel:
+        return None
+    body = p.body.strip()
+    m = _OOM_KILL_RE.search(body)
+    if m is not None:
+        fields = dict(f.partition("=")[::2] for f in m.group("fields").split(","))
+        pid = fields.get("pid", "")
+        constraint = fields.get("constraint", "")
+        scope = {"CONSTRAINT_MEMCG": "cgroup", "CONSTRAINT_NONE": "global"}.get(constraint)
+        return OomLine(int(pid) if pid.isdigit() else None, fields.get("task") or None, scope,
+                       fields.get("oom_memcg") or None, body[:500], p.kernel_ts)
+    m = _OOM_LIMIT_RE.search(body)
+    if m is not None:
+        return OomLine(None, None, "cgroup", m.group("limit"), body[:500], p.kernel_ts)
+    m = _OOM_KILLED_RE.search(body)
+    if m is None:
+        return None
+    head = m.group("scope") or ""
+    scope = "cgroup" if head.startswith("Memory cgroup") else "global" if head else None
+    return OomLine(int(m.group("pid")), m.group("name") or None, scope, None, body[:500], p.kernel_ts)
+
+
+def oom_from_record(record: KmsgRecord) -> Optional[OomLine]:
+    """The OOM line in a decoded record; None unless it came from the kernel facility."""
+    if record.facility != KERNEL_FACILITY:
+        return None
+    line = parse_oom_line(record.message)
+    if line is None:
+        return None
+    return OomLine(line.pid, line.name, line.scope, line.memcg, line.raw, record.ts_usec / 1e6)
+
+
 def decode_record(data: bytes) -> Optional[KmsgRecord]:
     """One raw /dev/kmsg record, or None when it does not follow the record format."""
     text = data.decode("utf-8", errors="replace")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Dict, Optional, Protocol, Set
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 import psutil  # noqa: TID251 (the psutil seam)
 
@@ -28,6 +28,75 @@ def own_usage() -> Dict[str, Any]:
     with me.oneshot():
         times = me.cpu_times()
         return {"rss_bytes": me.memory_info().rss, "cpu_s": round(times.user + times.system, 3)}
+
+
+def proc_state(pid: int, proc: str = "/proc") -> Optional[str]:
+    """The state letter of /proc/PID/stat ("R", "S", "T" stopped by a signal, "t" traced...); None
+    when the process is gone or unreadable."""
+    try:
+        with open(os.path.join(proc, str(pid), "stat"), "rb") as f:
+            text = f.read(4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    _, sep, rest = text.rpartition(")")  # the name may hold spaces and parentheses
+    fields = rest.split()
+    return fields[0] if sep and fields else None
+
+
+RANK_KEYS = ("RANK", "LOCAL_RANK", "GROUP_RANK")
+
+
+def proc_env(pid: int, keys: Sequence[str] = RANK_KEYS, proc: str = "/proc") -> Dict[str, str]:
+    """The values of `keys` in /proc/PID/environ (the env it started with); {} when unreadable."""
+    try:
+        with open(os.path.join(proc, str(pid), "environ"), "rb") as f:
+            raw = f.read(1 << 20)
+    except OSError:
+        return {}
+    out: Dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        key = name.decode("ascii", "replace")
+        if sep and key in keys:
+            out[key] = value.decode("utf-8", "replace")[:64]
+    return out
+
+
+def _is_python(p: Any) -> bool:
+    try:
+        names = [str(p.name())]
+        cmd = p.cmdline()
+        if cmd:
+            names.append(os.path.basename(str(cmd[0])))
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    return any(n.startswith(("python", "pypy")) for n in names)
+
+
+def is_wrapper(pid: int, proc: str = "/proc") -> bool:
+    """True when `pid` is rgt's job wrapper (python -m onbox.supervise job)."""
+    try:
+        with open(os.path.join(proc, str(pid), "cmdline"), "rb") as f:
+            return b"onbox.supervise" in f.read(4096)
+    except OSError:
+        return False
+
+
+def python_tree(pid: int) -> List[Tuple[int, int, str]]:
+    """(pid, ppid, name) of the Python processes in the tree under `pid` (itself included), by pid."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+    out = []
+    for p in procs:
+        try:
+            if _is_python(p) and p.status() != psutil.STATUS_ZOMBIE:
+                out.append((int(p.pid), int(p.ppid()), str(p.name())))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return sorted(out)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -426,3 +426,45 @@ def test_real_dev_kmsg_read_only() -> None:
     assert any(rec.facility == 0 for rec in records)
     seqs = [rec.seq for rec in records]
     assert seqs == sorted(seqs)
+
+
+# ---- OOM-killer lines (captured from a 6.18 kernel's cgroup v1 OOM, and the older/global wordings) ----
+
+from onbox.sources.kmsg import oom_from_record, parse_oom_line  # noqa: E402
+
+
+def test_oom_lines_of_every_wording_name_the_pid_the_scope_and_the_memcg() -> None:
+    memcg = ("[  646.622374] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+             "oom_memcg=/process_api/f/rgt-oom,task_memcg=/process_api/f/rgt-oom,task=python3,pid=11625,uid=0")
+    got = parse_oom_line(memcg)
+    assert got is not None and (got.pid, got.name, got.scope, got.memcg, got.kernel_ts) == (
+        11625, "python3", "cgroup", "/process_api/f/rgt-oom", 646.622374)
+    cases = {
+        "[  646.622414] Memory cgroup out of memory: Killed process 11625 (python3) total-vm:82132kB, "
+        "anon-rss:65152kB, file-rss:6580kB, shmem-rss:0kB, UID:0 pgtables:192kB oom_score_adj:0":
+            (11625, "python3", "cgroup"),
+        "Out of memory: Killed process 1234 (python3) total-vm:1kB, anon-rss:1kB":
+            (1234, "python3", "global"),
+        "Out of memory (oom_kill_allocating_task): Killed process 77 (pt_main_thread)":
+            (77, "pt_main_thread", "global"),
+        "Memory cgroup out of memory: Kill process 1234 (python) score 1000 or sacrifice child":
+            (1234, "python", "cgroup"),
+        "Killed process 1234 (python) total-vm:1kB, anon-rss:1kB, file-rss:0kB": (1234, "python", None),
+    }
+    for line, want in cases.items():
+        got = parse_oom_line(line)
+        assert got is not None and (got.pid, got.name, got.scope) == want, line
+    old = parse_oom_line("Task in /slurm/uid_0/job_7/step_0 killed as a result of limit of "
+                         "/slurm/uid_0/job_7")
+    assert old is not None and (old.pid, old.scope, old.memcg) == (None, "cgroup", "/slurm/uid_0/job_7")
+    assert parse_oom_line("oom_reaper: reaped process 11625 (python3), now anon-rss:0kB") is None
+
+
+def test_an_oom_record_from_user_space_is_refused() -> None:
+    kernel = decode_record(b"3,9,646622414,-;Out of memory: Killed process 5 (python3) total-vm:1kB")
+    user = decode_record(b"12,10,646622415,-;Out of memory: Killed process 5 (python3) total-vm:1kB")
+    assert kernel is not None and user is not None
+    got = oom_from_record(kernel)
+    assert got is not None and got.pid == 5 and got.kernel_ts == 646.622414
+    assert oom_from_record(user) is None
+    assert parse_oom_line("<12>Out of memory: Killed process 5 (python3)") is None
