@@ -90,6 +90,12 @@ def pull_command(run: str, dest: Optional[Path], bwlimit: Optional[str], as_json
     click.echo(render.printable(
         f"pulled {result.run}: {result.files} files, {_mb(result.bytes)} into {result.dest} "
         f"({_mb(sent)} sent, {_mb(result.resumed_bytes)} already here, {result.elapsed_s:.1f}s)"))
+    if result.rotated_away:
+        click.echo(render.printable(f"rotated away by the job: {', '.join(result.rotated_away)} "
+                                    "(gone on purpose, not missing)"))
+    for item in result.removed_other:
+        click.echo(render.printable(f"warning: {item}: removed from the box by something other than the "
+                                    "job's rotation; `rgt verify` will fail it"), err=True)
     if result.previous:
         click.echo(render.printable(f"warning: the earlier pull held files this one does not; kept as "
                                     f"{result.previous}"), err=True)
@@ -108,6 +114,9 @@ def _print_plan(p: teardown.Plan) -> None:
     g = p.gate
     lines.append(f"gate: {'OPEN' if g.open else 'CLOSED'}: {g.reason}")
     lines += [f"      also: {problem}" for problem in g.problems[1:]]
+    if g.rotated_away:
+        lines.append(f"      rotated away by the job: {', '.join(g.rotated_away)} "
+                     "(gone on purpose, not missing)")
     if p.meter_stop:
         lines.append(f"meter: {p.meter_stop}")
     lines += [f"danger clock: {clock}" for clock in p.danger_clocks]

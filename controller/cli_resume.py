@@ -55,14 +55,16 @@ def _print_plan(plan: resume.Plan, dry_run: bool) -> None:
               metavar="DIR", help="Push this directory's contents to that working directory first.")
 @click.option("--onbox-arg", "onbox_args", multiple=True, metavar="ARG",
               help="Extra `rgt-onbox launch` argument, repeatable (--onbox-arg=--env=WANDB_API_KEY).")
+@click.option("--allow-nonfinite", is_flag=True,
+              help="May resume from a checkpoint `rgt verify` found NaN/Inf weights in (skipped by default).")
 @click.option("--no-watch", is_flag=True, help="Do not start the background watcher.")
 @click.option("--dry-run", is_flag=True,
               help="Print the plan (checkpoint, bytes to push, command) and stop; HOST is asked where "
                    "runs live, nothing changes there.")
 @JSON_OPTION
 def resume_command(run: str, host: str, checkpoint: Optional[str], run_id: Optional[str], root: Optional[str],
-                   cwd: Optional[str], code: Optional[Path], onbox_args: Sequence[str], no_watch: bool,
-                   dry_run: bool, as_json: bool) -> None:
+                   cwd: Optional[str], code: Optional[Path], onbox_args: Sequence[str], allow_nonfinite: bool,
+                   no_watch: bool, dry_run: bool, as_json: bool) -> None:
     """Continue RUN on HOST from its newest checkpoint that custody hashed.
 
     \b
@@ -73,7 +75,7 @@ def resume_command(run: str, host: str, checkpoint: Optional[str], run_id: Optio
     (train.restarted_from_zero). `rgt status NEW` shows both runs as one history.
     """
     opts = resume.Options(checkpoint=checkpoint, run_id=run_id, root=root, cwd=cwd, code=code,
-                          onbox_args=list(onbox_args))
+                          onbox_args=list(onbox_args), allow_nonfinite=allow_nonfinite)
     with Store.open() as store:
         try:
             plan = resume.make_plan(store, run, host, opts)

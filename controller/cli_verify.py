@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional
 
 import click
 
-from controller import render
+from controller import render, verify_units
 from controller.clibase import CliError, RgtCommand, emit_json
 from controller.store import Store
 from controller.verify import PROOFS, Report, verify
@@ -41,7 +41,10 @@ def _summary(name: str, proof: Dict[str, Any]) -> str:
         text = f"{proof['loaded']} loaded, {proof['failed']} failed, {proof['unknown_format']} unknown format"
         if proof.get("skipped"):
             text += f", {proof['skipped']} not tried (identity failed)"
-        return text + ("; finite checked" if proof.get("check_finite") else "")
+        checked = proof.get("finite_checked")
+        if isinstance(checked, list):
+            checked = ", ".join(checked) if len(checked) <= 2 else f"{len(checked)} checkpoints"
+        return text + (f"; NaN/Inf checked in {checked}" if checked else "")
     evaluated = proof.get("evaluated", [])
     parts = [f"step {r['step']}: {r['recomputed']!r} vs reported {r['reported']!r}"
              for r in evaluated if r.get("ok")]
@@ -54,6 +57,14 @@ def _print_human(report: Report) -> None:
         click.echo(render.printable(f"{name:<10} {proof['status']:<8} {_summary(name, proof)}").rstrip())
         for note in proof.get("notes", []):
             click.echo(f"warning: {render.printable(note)}", err=True)
+    for row in report.units:
+        click.echo(render.printable(f"  {verify_units.line(row)}"))
+    if report.rotated_away:
+        click.echo(render.printable(f"rotated away by the job: {', '.join(report.rotated_away)} "
+                                    "(gone on purpose, not missing)"))
+    for path in report.nonfinite:
+        click.echo(render.printable(f"warning: non-finite checkpoint: {path} holds NaN/Inf weights"
+                                    + ("" if not report.ok else " (allowed by --allow-nonfinite)")), err=True)
     for line in report.failures():
         click.echo(f"error: {render.printable(line)}", err=True)
     if report.ok:
@@ -100,7 +111,10 @@ def _record(report: Any, run_dir: Path) -> None:
             return
         store.add_local_event(run_id, "verify.done", "info" if report.ok else "warn",
                               {"dest": str(run_dir.resolve()), "ok": report.ok,
-                               "manifest_sha256": report.to_dict().get("manifest_sha256")})
+                               "manifest_sha256": report.to_dict().get("manifest_sha256"),
+                               "nonfinite": [{"path": f.path, "unit": f.unit, "step": f.step}
+                                             for f in report.files if f.nonfinite],
+                               "rotated_away": list(report.rotated_away)})
 
 
 @click.command("verify", cls=RgtCommand)
@@ -118,7 +132,10 @@ def _record(report: Any, run_dir: Path) -> None:
               show_default=True, metavar="SECONDS", help="Per-checkpoint limit of the eval command.")
 @click.option("--trust-pickle", is_flag=True,
               help="Load pickle checkpoints (still weights_only=True) under a torch older than 2.10.")
-@click.option("--check-finite", is_flag=True, help="Also fail on NaN/Inf in any floating tensor.")
+@click.option("--check-finite", is_flag=True,
+              help="Check every checkpoint's weights for NaN/Inf (the newest one's always are).")
+@click.option("--allow-nonfinite", is_flag=True,
+              help="Report NaN/Inf weights without failing (the files stay named as non-finite).")
 @click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
               help="Files hashed at once [default: CPU count].")
 @click.option("--load-timeout", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_S,
@@ -126,7 +143,8 @@ def _record(report: Any, run_dir: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def verify_command(run_dir: str, manifest: Optional[Path], eval_cmd: Optional[str], eval_metric: str,
                    tolerance: float, eval_all: bool, eval_timeout: float, trust_pickle: bool,
-                   check_finite: bool, workers: Optional[int], load_timeout: float, as_json: bool) -> None:
+                   check_finite: bool, allow_nonfinite: bool, workers: Optional[int], load_timeout: float,
+                   as_json: bool) -> None:
     """Prove a pulled run against its manifest and write RUN_DIR/rgt/PULL_VERIFIED.json.
 
     RUN_DIR is the pulled directory; a run id (or prefix) names the directory `rgt pull` put
@@ -138,7 +156,7 @@ def verify_command(run_dir: str, manifest: Optional[Path], eval_cmd: Optional[st
         report = verify(where, manifest, eval_cmd=eval_cmd, eval_metric=eval_metric, tolerance=tolerance,
                         trust_pickle=trust_pickle, check_finite=check_finite, workers=workers,
                         load_timeout_s=load_timeout, progress=progress, eval_all=eval_all,
-                        eval_timeout_s=eval_timeout)
+                        eval_timeout_s=eval_timeout, allow_nonfinite=allow_nonfinite)
     except EvalCommandError as e:
         raise click.UsageError(str(e)) from e
     finally:

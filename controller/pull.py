@@ -96,6 +96,8 @@ class PullResult:
     rsync: Dict[str, int]      # rsync's own --stats: literal/matched/received bytes, files transferred
     elapsed_s: float
     previous: Optional[str] = None  # an earlier pull kept aside because it held files this one does not
+    rotated_away: List[str] = dataclasses.field(default_factory=list)  # the manifest's removed, by "job"
+    removed_other: List[str] = dataclasses.field(default_factory=list)  # removed by anything else
 
     def to_dict(self) -> Dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -333,11 +335,31 @@ def pull(store: Store, run: str, dest: Optional[Path] = None, *, bwlimit: Option
                         manifest_sha256=str(doc["sha256"]), resumed_bytes=resumed, rsync=stats,
                         elapsed_s=round(time.monotonic() - began, 3),
                         previous=None if previous is None else str(previous))
+    result.rotated_away, result.removed_other = removed_of(doc)
     store.add_local_event(run_id, "pull.done", "info", {
         "dest": result.dest, "manifest_sha256": result.manifest_sha256, "files": result.files,
-        "bytes": result.bytes, "host": host, "transferred_bytes": stats.get("literal_bytes", 0)})
+        "bytes": result.bytes, "host": host, "transferred_bytes": stats.get("literal_bytes", 0),
+        "rotated_away": result.rotated_away, "removed_other": result.removed_other})
     return result
 
 
-__all__ = ["Progress", "PullError", "PullResult", "box_manifest", "need_rsync", "pull", "rsync_argv",
-           "run_rsync"]
+def removed_of(doc: Dict[str, Any]) -> Tuple[List[str], List[str]]:
+    """(what the job rotated away, what something else removed) from a manifest's optional
+    "removed" list, named as people name checkpoints (checkpoint-20, not each of its files)."""
+    items = doc.get("removed")
+    rotated: List[str] = []
+    other: List[str] = []
+    for r in items if isinstance(items, list) else []:
+        if not isinstance(r, dict) or not isinstance(r.get("path"), str):
+            continue
+        unit = r.get("unit") if isinstance(r.get("unit"), str) else None
+        parts = str(r["path"]).split("/")
+        saves = ("checkpoint-", "global_step")
+        cut = next((i for i, p in enumerate(parts[:-1]) if p.startswith(saves)), None)
+        name = unit or ("/".join(parts[:cut + 1]) if cut is not None else str(r["path"]))
+        (rotated if r.get("by") == "job" else other).append(name[:300])
+    return list(dict.fromkeys(rotated)), list(dict.fromkeys(other))
+
+
+__all__ = ["Progress", "PullError", "PullResult", "box_manifest", "need_rsync", "pull", "removed_of",
+           "rsync_argv", "run_rsync"]

@@ -13,6 +13,8 @@
    - or as a local copy: a file in a pulled dir (or --checkpoint FILE) that hashes to the recorded
      SHA-256 now (so no PULL_VERIFIED.json is needed). A copy with other bytes is skipped (and named
      in the plan's notes).
+   A checkpoint whose weights the newest `rgt verify` found NaN/Inf in (its verify.done record) is
+   never picked, unless allow_nonfinite (`--allow-nonfinite`); the plan's notes name it.
 3. Push (rsync over HOST's ssh master, controller/ssh.py): the checkpoint into the new run's
    checkpoint dir <root>/<project>/active/<new-run>/checkpoints/, and with --code DIR that
    directory's contents into the command's cwd there (.git, __pycache__ and pulled runs left out).
@@ -40,7 +42,7 @@ from controller.install import LOCAL, InstallError
 from controller.output import error_tail, last_json_object
 from controller.pullstage import sha256_of
 from controller.ssh import LocalShell, Ssh, SshError
-from controller.status import all_events
+from controller.status import all_events, nonfinite_checkpoints
 from controller.store import Store
 from controller.storeerrors import StoreError
 
@@ -88,6 +90,7 @@ class Options:
     cwd: Optional[str] = None             # where the command runs on HOST (default: the old run's cwd)
     code: Optional[Path] = None           # a local directory pushed to that cwd first
     onbox_args: Sequence[str] = ()        # more `rgt-onbox launch` arguments
+    allow_nonfinite: bool = False         # may pick a checkpoint verify found NaN/Inf weights in
 
 
 @dataclasses.dataclass
@@ -224,6 +227,27 @@ def custody(store: Store, run_id: str, dirs: Sequence[Path]) -> List[Checkpoint]
         if ck is not None and isinstance(ev.data.get("durable_path"), str):
             ck.durable = str(ev.data["durable_path"])
     return sorted(found.values(), key=lambda c: (c.ts, -1 if c.step is None else c.step), reverse=True)
+
+
+def without_nonfinite(store: Store, run_id: str, candidates: List[Checkpoint],
+                      allow: bool) -> Tuple[List[Checkpoint], List[str]]:
+    """(the candidates that may be picked, notes): a checkpoint verify found non-finite (its file,
+    or a file of its unit) is left out unless `allow`."""
+    bad = nonfinite_checkpoints(store.local_events(run_id))
+    names = {str(b["path"]) for b in bad} | {str(b["unit"]).rstrip("/") for b in bad if b.get("unit")}
+
+    def hit(rel: str) -> bool:
+        return rel in names or any(rel.startswith(n + "/") for n in names)
+
+    out = [c for c in candidates if allow or not hit(c.rel)]
+    skipped = [c.rel for c in candidates if hit(c.rel)]
+    notes = [f"{'allowed' if allow else 'skipped'} {rel}: `rgt verify` found NaN/Inf in its weights"
+             + ("" if allow else " (pass --allow-nonfinite to resume from it anyway)") for rel in skipped]
+    if candidates and not out:
+        raise ResumeError(f"every checkpoint of {run_id} custody hashed has NaN/Inf weights (rgt verify): "
+                          "resuming from one would go on training NaN",
+                          hint="--allow-nonfinite picks one anyway")
+    return out, notes
 
 
 def _inside_rel(rel: str) -> bool:
@@ -406,7 +430,8 @@ def make_plan(store: Store, run: str, host: str, opts: Options, shell: Optional[
     project = str(doc.get("project") or "")
     project = project if SAFE_ID.match(project) else "default"
     new_id = _new_id(store, opts.run_id)
-    candidates = custody(store, run_id, dirs)
+    candidates, finite_notes = without_nonfinite(store, run_id, custody(store, run_id, dirs),
+                                                 opts.allow_nonfinite)
     shell = shell or install.shell_for(record)
     root, cwd_there = remote_facts(shell, opts.root or str(record.get("root") or "") or None, cwd)
     if not cwd_there and opts.code is None:
@@ -422,7 +447,7 @@ def make_plan(store: Store, run: str, host: str, opts: Options, shell: Optional[
                 push_bytes=ck.size if source == "local" else 0,
                 code=str(Path(opts.code).resolve()) if opts.code else None,
                 onbox_args=carried_args(doc, opts.onbox_args) + list(opts.onbox_args),
-                notes=finder.notes + _notes(doc, host))
+                notes=finite_notes + finder.notes + _notes(doc, host))
 
 
 # ---- doing it -------------------------------------------------------------------------------------

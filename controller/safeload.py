@@ -1,8 +1,15 @@
 """The torch seam of pull verification, run as a child process, never imported by the controller
 for loading:
 
-    python -m controller.safeload PATH [--format torch|safetensors] [--finite] [--trust-pickle]
-                                       [--max-address-space BYTES]
+    python -m controller.safeload PATH [--format torch|safetensors] [--role ROLE] [--finite]
+                                       [--trust-pickle] [--max-address-space BYTES]
+    python -m controller.safeload --batch [...] < [{"path", "format", "role", "finite"}, ...]
+
+--batch loads many files in one process (one torch import per verification): before each it writes
+`rgt-safeload: starting I` to stderr, after it one JSON line with "index": I to stdout, so a crash of
+the process names the file it was on. ROLE is controller.verify_roles': a "companion" loads with
+weights_only=True plus its explicit allow-list (numpy's RNG types for rng_state*.pth); NaN/Inf are
+counted for "weights" only, and in a file with a "state_dict" only there.
 
 It caps its own address space first (before torch is imported or the file is opened), then loads
 PATH and prints exactly one JSON line on stdout:
@@ -25,6 +32,7 @@ Importing this module imports nothing heavy: torch is imported inside main().
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import mmap
 import re
@@ -33,7 +41,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from controller import stcheck
+from controller import stcheck, verify_roles
 
 MIN_SAFE_TORCH = (2, 10)  # weights_only has known CVEs below this
 CHUNK_ELEMENTS = 1 << 24  # finite check: at most this many elements (and a bool mask) at a time
@@ -133,17 +141,36 @@ class _Tally:
             bad += int((~self.torch.isfinite(chunk)).sum())
         return bad
 
-    def walk(self, obj: Any, name: str = "", seen: Optional[Set[int]] = None) -> None:
+    def walk(self, obj: Any, name: str = "", seen: Optional[Set[int]] = None, check: bool = True) -> None:
+        """Count every tensor under obj; NaN/Inf are counted only where `check` (the weights)."""
         seen = set() if seen is None else seen
         if isinstance(obj, self.torch.Tensor):
-            self.add(name or "<root>", obj)
+            finite, self.finite = self.finite, self.finite and check
+            try:
+                self.add(name or "<root>", obj)
+            finally:
+                self.finite = finite
             return
         if not isinstance(obj, (dict, list, tuple)) or id(obj) in seen:
             return
         seen.add(id(obj))
         items = obj.items() if isinstance(obj, dict) else enumerate(obj)
         for key, value in items:
-            self.walk(value, f"{name}.{key}" if name else str(key), seen)
+            self.walk(value, f"{name}.{key}" if name else str(key), seen, check)
+
+    def walk_weights(self, obj: Any) -> None:
+        """Walk a loaded weights file: with a weights key (a Lightning .ckpt's "state_dict"),
+        NaN/Inf count only under it, never in callback, loop or optimizer state."""
+        key = next((k for k in verify_roles.WEIGHT_KEYS if isinstance(obj, dict) and k in obj
+                    and isinstance(obj[k], (dict, self.torch.Tensor))), None)
+        if key is None:
+            self.walk(obj)
+            return
+        seen: Set[int] = set()
+        self.walk(obj[key], key, seen, True)
+        for k, v in obj.items():
+            if k != key:
+                self.walk(v, str(k), seen, False)
 
     def result(self) -> Dict[str, Any]:
         return {"tensors": self.tensors, "elements": self.elements, "dtypes": self.dtypes,
@@ -151,13 +178,29 @@ class _Tally:
                 "nonfinite_names": self.nonfinite_names}
 
 
-def _load_torch(torch: Any, path: Path, finite: bool) -> Dict[str, Any]:
+def _allowed_globals(names: Sequence[str]) -> List[Any]:
+    """The objects of the dotted names an allow-list gives (those this environment has)."""
+    out = []
+    for dotted in names:
+        module, _, attr = dotted.rpartition(".")
+        try:
+            out.append(getattr(importlib.import_module(module), attr))
+        except (ImportError, AttributeError):
+            continue
+    return out
+
+
+def _load_torch(torch: Any, path: Path, finite: bool, role: str = verify_roles.WEIGHTS) -> Dict[str, Any]:
     with open(path, "rb") as f:
         is_zip = f.read(4) == b"PK\x03\x04"
-    obj = torch.load(str(path), weights_only=True, mmap=is_zip, map_location="cpu")
-    tally = _Tally(torch, finite)
-    tally.walk(obj)
-    return tally.result()
+    allowed = verify_roles.allow_list(path.name) if role == verify_roles.COMPANION else ()
+    with torch.serialization.safe_globals(_allowed_globals(allowed)):
+        obj = torch.load(str(path), weights_only=True, mmap=is_zip, map_location="cpu")
+    tally = _Tally(torch, finite and role == verify_roles.WEIGHTS)
+    tally.walk_weights(obj)
+    out = tally.result()
+    out["allow_list"] = list(allowed)
+    return out
 
 
 def _load_safetensors(torch: Any, path: Path, finite: bool) -> Dict[str, Any]:
@@ -181,8 +224,9 @@ def _load_safetensors(torch: Any, path: Path, finite: bool) -> Dict[str, Any]:
     return tally.result()
 
 
-def run(path: Path, fmt: str, finite: bool, trust_pickle: bool) -> Dict[str, Any]:
-    """Load `path` as `fmt`; the JSON-able result (never raises for a bad file)."""
+def run(path: Path, fmt: str, finite: bool, trust_pickle: bool,
+        role: str = verify_roles.WEIGHTS) -> Dict[str, Any]:
+    """Load `path` as `fmt` in its role; the JSON-able result (never raises for a bad file)."""
     out: Dict[str, Any] = {"ok": False, "format": fmt, "torch": None, "error": None,
                            "error_type": None, "refused": False, "note": None}
     try:
@@ -198,7 +242,7 @@ def run(path: Path, fmt: str, finite: bool, trust_pickle: bool) -> Dict[str, Any
             if not allowed:
                 out.update(refused=True, error=out["note"], error_type="Refused")
                 return out
-            out.update(_load_torch(torch, path, finite))
+            out.update(_load_torch(torch, path, finite, role))
         else:
             out.update(_load_safetensors(torch, path, finite))
         out["ok"] = True
@@ -210,16 +254,42 @@ def run(path: Path, fmt: str, finite: bool, trust_pickle: bool) -> Dict[str, Any
     return out
 
 
+STARTING = "rgt-safeload: starting "  # + the index of the file, on stderr, before each load
+
+
+def run_batch(items: Sequence[Dict[str, Any]], trust_pickle: bool) -> None:
+    """Load each item ({"path", "format", "role", "finite"}) in turn: a "starting I" line on stderr
+    before it (so a crash names its file), then its result with "index": I on stdout."""
+    for i, item in enumerate(items):
+        sys.stderr.write(f"{STARTING}{i}\n")
+        sys.stderr.flush()
+        result = run(Path(str(item.get("path"))), str(item.get("format") or "torch"),
+                     bool(item.get("finite")), trust_pickle, str(item.get("role") or verify_roles.WEIGHTS))
+        result["index"] = i
+        sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+        sys.stdout.flush()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m controller.safeload")
-    parser.add_argument("path", type=Path)
+    parser.add_argument("path", type=Path, nargs="?")
+    parser.add_argument("--batch", action="store_true",
+                        help="Read a JSON list of {path, format, role, finite} on stdin; one JSON line each.")
     parser.add_argument("--format", choices=("torch", "safetensors"), default="torch")
+    parser.add_argument("--role", default=verify_roles.WEIGHTS)
     parser.add_argument("--finite", action="store_true")
     parser.add_argument("--trust-pickle", action="store_true")
     parser.add_argument("--max-address-space", type=int, default=None, metavar="BYTES")
     args = parser.parse_args(argv)
     limit_address_space(args.max_address_space)
-    result = run(args.path, args.format, args.finite, args.trust_pickle)
+    if args.batch:
+        items = json.loads(sys.stdin.read() or "[]")
+        items = [x for x in items if isinstance(x, dict)] if isinstance(items, list) else []
+        run_batch(items, args.trust_pickle)
+        return 0
+    if args.path is None:
+        parser.error("give PATH or --batch")
+    result = run(args.path, args.format, args.finite, args.trust_pickle, args.role)
     sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
     sys.stdout.flush()
     return 0

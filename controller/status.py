@@ -143,8 +143,8 @@ def _progress(reader: _Reader, meta: Mapping[str, Any], now: float) -> Dict[str,
              d.get("expected_steps"), d.get("total_steps"))
     expected = next((n for n in map(_num, found) if n), None)
     step, rate = _num(d.get("step")), _num(d.get("steps_per_s"))
-    eta = None
-    if step is not None and expected and rate and rate > 0:
+    eta = _num(d.get("eta_s"))  # the box's own (from the framework's total), else ours
+    if eta is None and step is not None and expected and rate and rate > 0:
         eta = round(max(0.0, expected - step) / rate, 1)
     age, box_age = _age(now, ev.ts if ev else None), _num(d.get("data_age_s"))
     total_age = None if age is None else round(age + (box_age or 0.0), 1)
@@ -211,6 +211,16 @@ def _checkpoint(reader: _Reader, now: float) -> Optional[Dict[str, Any]]:
     sha = str(d.get("sha256") or "")
     return {"path": d.get("path"), "step": d.get("step"), "size_bytes": d.get("size"),
             "sha256_prefix": sha[:12], "age_s": _age(now, ev.ts), "durable": sha in reader.durable}
+
+
+def nonfinite_checkpoints(local: Sequence[LocalEvent]) -> List[Dict[str, Any]]:
+    """The checkpoints the newest `rgt verify` found NaN/Inf weights in ({path, unit, step}): from
+    its verify.done record (an older verify's finding is superseded by a newer one's)."""
+    for ev in reversed(local):
+        if ev.kind == "verify.done" and isinstance(ev.data.get("nonfinite"), list):
+            return [{"path": str(x.get("path")), "unit": x.get("unit"), "step": x.get("step")}
+                    for x in ev.data["nonfinite"] if isinstance(x, dict) and isinstance(x.get("path"), str)]
+    return []
 
 
 def _disk(reader: _Reader, now: float) -> Dict[str, Any]:
@@ -336,6 +346,7 @@ def summarize(store: Store, run: str, ref: Optional[str] = None,
         "run": run_id, "host": info.get("host"), "target": info.get("target"), "generated_at": now,
         "state": state, "state_reason": reason, **progress,
         "gpus": gpus, "gpu_health": gpu_health, "checkpoint": _checkpoint(reader, now),
+        "nonfinite_checkpoints": nonfinite_checkpoints(local),
         "disk": _disk(reader, now),
         "open_conditions": sorted(reader.open.values(), key=lambda c: float(c["since_ts"])),
         "recent_problems": [{"kind": e.kind, "sev": e.sev, "ts": e.ts, "age_s": _age(now, e.ts),
@@ -393,7 +404,7 @@ def _progress_line(s: Mapping[str, Any]) -> str:
         return "no training progress stored"
     text = f"step {number(s.get('step'))}"
     if s.get("expected_steps"):
-        text += f" / {number(s['expected_steps'])} ({s.get('progress_pct')}%)"
+        text += f"/{number(s['expected_steps'])} ({s.get('progress_pct')}%)"
     text += f", epoch {number(s['epoch'])}" if s.get("epoch") is not None else ""
     text += f", {number(s['steps_per_s'])} steps/s" if s.get("steps_per_s") is not None else ""
     return text + (f", ETA {seconds(s['eta_s'])}" if s.get("eta_s") is not None else "")
@@ -429,6 +440,10 @@ def render(s: Mapping[str, Any]) -> str:
     lines.append("  ckpt      " + (f"{ck['path']}  step {number(ck['step'])}  {size(ck['size_bytes'])}  "
                                    f"sha256 {ck['sha256_prefix']}  {seconds(ck['age_s'])} old"
                                    + ("  durable" if ck["durable"] else "") if ck else "none hashed yet"))
+    for bad in s.get("nonfinite_checkpoints") or []:
+        name = bad.get("unit") or bad["path"]
+        lines.append(f"  ckpt      NON-FINITE: {name} (step {number(bad.get('step'))}) holds NaN/Inf "
+                     "weights (rgt verify); rgt resume skips it")
     for fs in s["disk"]["filesystems"]:
         lines.append(f"  disk      {fs['path']}  {size(fs['avail_bytes'])} free of {size(fs['total_bytes'])}"
                      f" ({number(fs['used_pct'])}% used, inodes {number(fs['inodes_used_pct'])}%)")
@@ -450,4 +465,4 @@ def render(s: Mapping[str, Any]) -> str:
     return "\n".join(printable(line) for line in lines)
 
 
-__all__ = ["all_events", "one_line", "reference", "render", "summarize"]
+__all__ = ["all_events", "nonfinite_checkpoints", "one_line", "reference", "render", "summarize"]

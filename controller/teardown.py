@@ -16,9 +16,14 @@ The gate (DESIGN.md §7.1) is OPEN only when every rule holds; the first that fa
 6. every checkpoint the box records (path and sha256, the ones gone from the box included) is in
    the report's files with the same sha256 and identity "ok": else missing_checkpoint (recorded,
    gone from the box, not pulled), new_checkpoint (written after the pull) or changed_checkpoint
-7. the box's checkpoint dir holds no unrecorded file and no temporary one     (unrecorded_checkpoint,
+   A checkpoint the job rotated away (the view's "removed" with by "job", and gone from the box) is
+   gone on purpose: not required, named in the gate's "rotated_away". Removed by anything else it
+   is required like any other (removed_checkpoint when the pull lacks it).
+7. the box records at least one checkpoint that was not rotated away           (no_checkpoint)
+8. the box holds no checkpoint-like file outside custody ("unrecorded": in the checkpoint dir or
+   outside every watched place) and no temporary one                           (unrecorded_checkpoint,
                                                                                partial_checkpoint)
-8. the pulled copy of each of those checkpoints is still in DIR with its size (local_copy_changed)
+9. the pulled copy of each of those checkpoints is still in DIR with its size (local_copy_changed)
 
 An action runs with the gate closed only when it is reversible and deletes nothing (`deletes` empty or
 "nothing": AutoDL's 关机 keeps the disks), because stopping the meter must stay possible while a pull
@@ -71,6 +76,7 @@ class Gate:
     pulled_dir: Optional[str] = None
     manifest_sha256: Optional[str] = None
     checkpoints: int = 0          # checkpoints the box records
+    rotated_away: List[str] = dataclasses.field(default_factory=list)  # by the job: gone on purpose
 
 
 def _closed(code: str, reason: str, pulled_dir: Optional[Path] = None, **kw: Any) -> Gate:
@@ -129,12 +135,53 @@ def _is_view(view: Any) -> bool:
         isinstance(v, dict) and isinstance(v.get("sha256"), str) for v in view["checkpoints"].values())
 
 
+def _removed(view: Dict[str, Any]) -> List[Dict[str, Any]]:
+    items = view.get("removed")
+    return [r for r in items if isinstance(r, dict) and isinstance(r.get("path"), str)] \
+        if isinstance(items, list) else []
+
+
+def _rotated(path: str, ck: Dict[str, Any], by_job: List[Dict[str, Any]]) -> bool:
+    """Whether the recorded checkpoint `path` is one the job removed (its file, or its unit)."""
+    unit = ck.get("unit") if isinstance(ck.get("unit"), str) else None
+    for r in by_job:
+        rp = str(r["path"]).rstrip("/")
+        if rp == path and r.get("sha256") in (None, ck.get("sha256")):
+            return True
+        if path.startswith(rp + "/") or (unit is not None and rp == unit.rstrip("/")):
+            return True
+    return False
+
+
+def _name(r: Dict[str, Any]) -> str:
+    unit = r.get("unit")
+    if isinstance(unit, str) and unit:
+        return unit
+    parts = str(r["path"]).split("/")
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith(("checkpoint-", "global_step")):
+            return "/".join(parts[:i + 1])
+    return str(r["path"])
+
+
+def rotated_names(view: Dict[str, Any]) -> List[str]:
+    """The checkpoints the job rotated away, as people name them (checkpoint-20, not its files)."""
+    return list(dict.fromkeys(_name(r) for r in _removed(view) if r.get("by") == "job"))
+
+
 def _coverage(view: Dict[str, Any], files: Dict[str, Dict[str, Any]], where: Path) -> List[Tuple[str, str]]:
-    """Rules 6-8: (code, reason) for every checkpoint the pull does not cover."""
+    """Rules 6-9: (code, reason) for every checkpoint the pull does not cover."""
     found: List[Tuple[str, str]] = []
     gone = set(view["missing"])
+    removed = _removed(view)
+    by_job = [r for r in removed if r.get("by") == "job"]
+    kept = 0
     for path, ck in sorted(view["checkpoints"].items()):
         mine = files.get(path)
+        present = path not in gone
+        if mine is None and not present and _rotated(path, ck, by_job):
+            continue  # rotated away by the job: gone on purpose
+        kept += 1
         if mine is None:
             found.append(("missing_checkpoint", f"checkpoint {path} is recorded but gone from the box, "
                           "and not in the pull") if path in gone else
@@ -150,10 +197,24 @@ def _coverage(view: Dict[str, Any], files: Dict[str, Dict[str, Any]], where: Pat
             if size != mine.get("size", ck.get("size")):
                 found.append(("local_copy_changed", f"the pulled copy of {path} in {where} is gone or "
                               "changed since it was verified"))
+    for r in removed:
+        held = files.get(str(r["path"]), {}).get("sha256")
+        if r.get("by") != "job" and not (isinstance(r.get("sha256"), str) and held == r["sha256"]):
+            why = r.get("reason") or "no reason given"
+            found.append(("removed_checkpoint", f"checkpoint {r['path']} was removed from the box by "
+                          f"something other than the job's rotation ({why}), and the pull does not hold it: "
+                          "suspect"))
+    if kept == 0:
+        found.insert(0, ("no_checkpoint", "no recorded checkpoint: custody recorded none for this run, so "
+                         "nothing proves its checkpoints were pulled (they may sit where custody did not "
+                         "watch; see the box's ckpt.location events)"))
     for item in view["unrecorded"]:
         path = item.get("path") if isinstance(item, dict) else item
+        why = item.get("reason", "outside every watched place") if isinstance(item, dict) else "no record"
+        nbytes = item.get("size") if isinstance(item, dict) else None
+        shown = f", {nbytes} bytes" if isinstance(nbytes, int) else ""
         found.append(("unrecorded_checkpoint", f"unrecorded checkpoint file {path} on the box "
-                      f"({item.get('reason', 'no record') if isinstance(item, dict) else 'no record'})"))
+                      f"({why}{shown}): custody never hashed it, so no pull can prove it"))
     found += [("partial_checkpoint", f"partial checkpoint file {p} on the box (a save in progress "
                "or abandoned)") for p in view["partials"]]
     return found
@@ -177,12 +238,14 @@ def judge(run_id: str, where: Optional[Path], view_fn: ViewFn) -> Gate:
         return _closed("box_unreachable", "box unreachable: its answer is not a gate view", where,
                        manifest_sha256=manifest_sha)
     found = _coverage(view, files, where)
+    rotated = rotated_names(view)
     count = len(view["checkpoints"])
     if found:
         return _closed(found[0][0], found[0][1], where, problems=[r for _, r in found],
-                       manifest_sha256=manifest_sha, checkpoints=count)
-    return Gate(True, "open", f"{VERIFIED_REL} in {where} covers all {count} checkpoint(s) on the box",
-                pulled_dir=str(where), manifest_sha256=manifest_sha, checkpoints=count)
+                       manifest_sha256=manifest_sha, checkpoints=count, rotated_away=rotated)
+    also = f"; rotated away by the job: {', '.join(rotated)}" if rotated else ""
+    return Gate(True, "open", f"{VERIFIED_REL} in {where} covers all {count} checkpoint(s) on the box{also}",
+                pulled_dir=str(where), manifest_sha256=manifest_sha, checkpoints=count, rotated_away=rotated)
 
 
 def box_view(store: Store, host: str, run_dir: str) -> Dict[str, Any]:

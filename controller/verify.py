@@ -9,9 +9,17 @@ Three named proofs, each one separate in the report:
 1. identity (controller.verify_identity): the manifest hashes to its own sha256; the roster is
    exact (no file missing, none extra, no rsync leftovers); every size and SHA-256 matches.
 2. safe_load (controller.verify_load): files whose identity passed load safely: safetensors by our
-   own parser, torch files with weights_only=True in a limited child process.
+   own parser, torch files with weights_only=True (a companion: plus its explicit allow-list) in
+   ONE limited child process per verification; each file's "method" says how it was proven
+   ("weights", "safe-load (allow-list: ...)", "identity only"). The newest checkpoint's weights
+   are checked for NaN/Inf by default (every checkpoint's with check_finite); a non-finite one
+   fails unless allow_nonfinite, and is named in "nonfinite" either way.
 3. metric (controller.verify_metric), only with eval_cmd: the newest checkpoint's recomputed metric
    matches what the run reported for its step.
+
+Files are grouped by checkpoint unit (controller.verify_units: "units", one row per checkpoint-N/
+or .ckpt). Checkpoints the job rotated away (the manifest's "removed", by "job") are gone on
+purpose: named in "rotated_away", never a failure; removed by anything else, they fail identity.
 
 The report is always written, passing or not, so a failed verification replaces an earlier pass
 and the teardown gate must read its "ok" and "manifest_sha256". Its shape is `Report.to_dict()`.
@@ -25,13 +33,14 @@ import json
 import os
 import platform
 import ssl
+import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import protocol
 
-from controller import verify_load, verify_metric
+from controller import verify_load, verify_metric, verify_units
 from controller.verify_identity import (
     MANIFEST_REL,
     VERIFIED_REL,
@@ -67,11 +76,15 @@ class FileReport:
     load: str = "skipped"  # "ok" | reason | "skipped: ..." | verify_load.UNKNOWN
     metric: Optional[str] = None  # "ok" | reason | "skipped: ..."; None without an eval
     load_detail: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    unit: Optional[str] = None  # the checkpoint (checkpoint-N dir, .ckpt) it belongs to
+    method: str = ""  # "weights" | "safe-load (allow-list: ...)" | "identity only (...)"
+    nonfinite: Optional[int] = None  # NaN/Inf in its weights; None: not checked
 
     def failures(self) -> List[str]:
         """One line per proof this file failed: `path: proof: why`."""
         lines = [] if self.identity == "ok" else [f"{self.path}: identity: {self.identity}"]
-        if self.load not in ("ok", verify_load.UNKNOWN) and not self.load.startswith("skipped"):
+        if self.load not in ("ok", verify_load.UNKNOWN) and not self.load.startswith(("skipped",
+                                                                                     "identity only")):
             lines.append(f"{self.path}: safe_load: {self.load}")
         if self.metric not in (None, "ok") and not self.metric.startswith("skipped"):
             lines.append(f"{self.path}: metric: {self.metric}")
@@ -90,6 +103,10 @@ class Report:
     tools: Dict[str, Optional[str]]
     elapsed_s: float = 0.0
     path: Optional[Path] = None  # where PULL_VERIFIED.json was written
+    units: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    rotated_away: List[str] = dataclasses.field(default_factory=list)  # by the job: gone on purpose
+    removed_other: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+    nonfinite: List[str] = dataclasses.field(default_factory=list)  # files whose weights hold NaN/Inf
 
     def failures(self) -> List[str]:
         """Every failure as one line: the proof-level ones, then `path: proof: why` per file."""
@@ -99,6 +116,8 @@ class Report:
             lines.extend(f.failures())
         extra = self.proofs["identity"].get("extra", [])
         lines.extend(f"{x['path']}: identity: {x['reason']}" for x in extra)
+        lines.extend(f"{r['path']}: identity: removed from the box by something other than the job's "
+                     f"rotation ({r['reason'] or 'no reason given'}): suspect" for r in self.removed_other)
         return lines
 
     def to_dict(self) -> Dict[str, Any]:
@@ -106,7 +125,8 @@ class Report:
                 "manifest_sha256": self.manifest_sha256, "manifest_path": self.manifest_path,
                 "verified_at": self.verified_at, "proofs": self.proofs,
                 "files": [dataclasses.asdict(f) for f in self.files], "tools": self.tools,
-                "elapsed_s": round(self.elapsed_s, 3)}
+                "elapsed_s": round(self.elapsed_s, 3), "units": self.units, "rotated_away": self.rotated_away,
+                "removed_other": self.removed_other, "nonfinite": self.nonfinite}
 
 
 def _tools(torch: Optional[str]) -> Dict[str, Optional[str]]:
@@ -140,12 +160,15 @@ def _identity_stage(run_dir: Path, manifest: Manifest, manifest_rel: Optional[st
                     workers: Optional[int], progress: Optional[Progress]
                     ) -> Tuple[List[FileReport], Dict[str, Any]]:
     found, extras = prove_identity(run_dir, manifest, manifest_rel, workers, progress)
+    units = verify_units.units_of(manifest.entries)
     files = []
     for e in manifest.entries:
         got = found.get(e.path, Identity(reason="not checked"))
         files.append(FileReport(path=e.path, kind=e.kind, step=e.step, size=got.size, sha256=got.sha256,
-                                identity=got.reason or "ok"))
+                                identity=got.reason or "ok", unit=units.get(e.path)))
     failed = sum(1 for f in files if f.identity != "ok")
+    _, other = verify_units.rotation(manifest.removed)
+    failed += len(other)
     empty = None if files else "the manifest lists no files: refusing to prove an empty pull"
     proof = _proof(failed + len(extras), empty, files=len(files), passed=len(files) - failed,
                    extra=[{"path": p, "reason": r} for p, r in sorted(extras.items())],
@@ -154,19 +177,24 @@ def _identity_stage(run_dir: Path, manifest: Manifest, manifest_rel: Optional[st
 
 
 def _load_stage(run_dir: Path, files: List[FileReport], opts: LoadOptions, workers: Optional[int],
-                progress: Optional[Progress]) -> Dict[str, Any]:
+                progress: Optional[Progress], newest: Sequence[str], spawn: verify_load.Popen
+                ) -> Dict[str, Any]:
     todo = {f.path: Path(run_dir, *f.path.split("/")) for f in files if f.identity == "ok"}
-    results = verify_load.prove_loads(todo, {f.path: f.kind for f in files}, opts, workers, progress)
+    finite = {f.path for f in files if f.unit is not None and f.unit in newest}
+    results = verify_load.prove_loads(todo, {f.path: f.kind for f in files}, opts, workers, progress,
+                                      finite=finite, popen=spawn)
     notes = sorted({r.note for r in results.values() if r.note})
     for f in files:
         r = results.get(f.path, LoadResult("skipped", "skipped: identity failed"))
-        f.load, f.load_detail = r.text, r.detail
+        f.load, f.load_detail, f.method, f.nonfinite = r.text, r.detail, r.method, r.nonfinite
     count: Dict[str, int] = {}
     for r in results.values():
         count[r.status] = count.get(r.status, 0) + 1
     return _proof(count.get("failed", 0), loaded=count.get("ok", 0), unknown_format=count.get("unknown", 0),
                   skipped=len(files) - len(results), notes=notes, check_finite=opts.check_finite,
-                  trust_pickle=opts.trust_pickle, timeout_s=opts.timeout_s)
+                  finite_checked=sorted(newest) if not opts.check_finite else "every checkpoint",
+                  allow_nonfinite=opts.allow_nonfinite, trust_pickle=opts.trust_pickle,
+                  timeout_s=opts.timeout_s)
 
 
 def _metric_stage(run_dir: Path, files: List[FileReport], eval_cmd: str, metric: str, tolerance: float,
@@ -230,7 +258,8 @@ def verify(run_dir: Path, manifest_path: Optional[Path] = None, *, eval_cmd: Opt
            load_timeout_s: float = verify_load.DEFAULT_TIMEOUT_S, load_memory_bytes: Optional[int] = None,
            progress: Optional[Progress] = None, eval_all: bool = False,
            eval_timeout_s: float = DEFAULT_EVAL_TIMEOUT_S, write: bool = True,
-           clock: Callable[[], float] = time.time) -> Report:
+           clock: Callable[[], float] = time.time, allow_nonfinite: bool = False,
+           spawn: verify_load.Popen = subprocess.Popen) -> Report:
     """Run every proof on the pulled `run_dir` and write PULL_VERIFIED.json (unless write=False).
 
     Raises VerifyError when run_dir is not a directory, and verify_metric.EvalCommandError for an
@@ -256,10 +285,17 @@ def verify(run_dir: Path, manifest_path: Optional[Path] = None, *, eval_cmd: Opt
         report.run_id, report.manifest_sha256 = manifest.run_id, manifest.sha256
         files, identity = _identity_stage(run_dir, manifest, _relative_manifest(run_dir, manifest_path),
                                           workers, progress)
-        opts = LoadOptions(trust_pickle, check_finite, load_timeout_s, load_memory_bytes)
+        opts = LoadOptions(trust_pickle, check_finite, load_timeout_s, load_memory_bytes, allow_nonfinite)
         report.files = files
+        steps = verify_units.unit_steps(manifest.entries, {f.path: f.unit for f in files})
+        newest = verify_units.newest_units(steps)
+        report.rotated_away, other = verify_units.rotation(manifest.removed)
+        report.removed_other = [{"path": r.path, "sha256": r.sha256, "by": r.by, "reason": r.reason,
+                                 "ts": r.ts} for r in other]
         report.proofs = {"identity": identity,
-                         "safe_load": _load_stage(run_dir, files, opts, workers, progress)}
+                         "safe_load": _load_stage(run_dir, files, opts, workers, progress, newest, spawn)}
+        report.units = verify_units.summarize(files, steps, newest)
+        report.nonfinite = [f.path for f in files if f.nonfinite]
         report.proofs["metric"] = (
             _skipped("no eval command") if eval_cmd is None else
             _metric_stage(run_dir, files, eval_cmd, eval_metric or DEFAULT_METRIC, tolerance,

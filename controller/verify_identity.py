@@ -53,6 +53,19 @@ class Entry:
     kind: str  # "checkpoint" | "include"
     step: Optional[int]
     hashed: str
+    unit: Optional[str] = None  # the checkpoint this file belongs to (a checkpoint-N dir), when stated
+
+
+@dataclasses.dataclass(frozen=True)
+class Removed:
+    """A checkpoint the box recorded and then saw go: by the job's own rotation, or by something else."""
+
+    path: str
+    sha256: Optional[str]
+    by: str  # "job" | "other"
+    reason: str
+    ts: Any
+    unit: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +76,7 @@ class Manifest:
     entries: Tuple[Entry, ...]
     total_bytes: int
     sha256: str
+    removed: Tuple[Removed, ...] = ()
 
 
 # ---- the manifest ----------------------------------------------------------------------------------
@@ -129,7 +143,32 @@ def _validate(doc: Dict[str, Any], digest: str) -> Manifest:
         raise ManifestError(f"manifest total_bytes {total!r} is not the sum of its sizes "
                             f"({sum(e.size for e in entries)})")
     return Manifest(run_id=run_id, created_at=doc.get("created_at"), host=doc.get("host"),
-                    entries=entries, total_bytes=total, sha256=digest)
+                    entries=entries, total_bytes=total, sha256=digest, removed=_removed(doc.get("removed")))
+
+
+def _removed(value: Any) -> Tuple[Removed, ...]:
+    """The manifest's optional "removed" list (see protocol.pull and the box's custody)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ManifestError("manifest removed is not a list")
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise ManifestError(f"manifest removed[{i}] is not an object")
+        path, sha, by = item.get("path"), item.get("sha256"), item.get("by")
+        problem = path_problem(path)
+        if problem:
+            raise ManifestError(f"manifest removed[{i}] path {path!r}: {problem}")
+        if sha is not None and (not isinstance(sha, str) or not _HEX64.match(sha)):
+            raise ManifestError(f"manifest removed[{i}] ({path}): sha256 is not 64 lowercase hex")
+        if by not in ("job", "other"):
+            raise ManifestError(f"manifest removed[{i}] ({path}): by {by!r} is not 'job' or 'other'")
+        reason, unit = item.get("reason"), item.get("unit")
+        out.append(Removed(path=str(path), sha256=sha, by=str(by),
+                           reason=str(reason)[:300] if reason is not None else "", ts=item.get("ts"),
+                           unit=unit if isinstance(unit, str) and not path_problem(unit) else None))
+    return tuple(out)
 
 
 def _natural(v: Any) -> TypeGuard[int]:
@@ -154,7 +193,11 @@ def _entry(i: int, item: Any) -> Entry:
         raise ManifestError(f"manifest files[{i}] ({path}): step {step!r} is not a non-negative int")
     if hashed not in HASHED:
         raise ManifestError(f"manifest files[{i}] ({path}): hashed {hashed!r} is not one of {sorted(HASHED)}")
-    return Entry(path=str(path), size=size, sha256=sha, kind=str(kind), step=step, hashed=str(hashed))
+    unit = item.get("unit")
+    if unit is not None and path_problem(unit):
+        raise ManifestError(f"manifest files[{i}] ({path}): unit {unit!r}: {path_problem(unit)}")
+    return Entry(path=str(path), size=size, sha256=sha, kind=str(kind), step=step, hashed=str(hashed),
+                 unit=None if unit is None else str(unit))
 
 
 def path_problem(path: Any) -> Optional[str]:

@@ -108,6 +108,21 @@ def test_the_newest_hashed_and_present_one_wins_and_a_copy_with_other_bytes_is_s
         "--watch-scalar=loss", "--watch-scalar=acc", "--stall-floor=5"]
 
 
+def test_a_checkpoint_verify_found_nonfinite_is_never_picked_without_allow_nonfinite(
+        old: Old, store: Store) -> None:
+    old.pull([20, 40, 60])
+    store.add_local_event(RUN, "verify.done", "warn", {
+        "dest": str(old.pulled), "ok": False,
+        "nonfinite": [{"path": "checkpoints/step000060.pt", "unit": "checkpoints/step000060.pt",
+                       "step": 60}]})
+    p = plan(store)
+    assert p.checkpoint.step == 40
+    assert any("skipped checkpoints/step000060.pt" in n and "--allow-nonfinite" in n for n in p.notes)
+    assert plan(store, allow_nonfinite=True).checkpoint.step == 60
+    text = status.render(status.summarize(store, RUN))
+    assert "NON-FINITE: checkpoints/step000060.pt (step 60) holds NaN/Inf weights" in text
+
+
 def test_a_durable_copy_the_new_box_sees_needs_no_push(old: Old, store: Store, tmp_path: Path) -> None:
     durable = tmp_path / "vol"
     old.pull([40], doc={**old.doc, "durable_dir": str(durable)})

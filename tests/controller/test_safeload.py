@@ -117,10 +117,26 @@ def test_counts_tensors_and_non_finite_values_in_a_checkpoint(tmp_path: Path) ->
     torch.save(state, path, _use_new_zipfile_serialization=False)  # legacy format: no mmap
     out = safeload.run(path, "torch", finite=True, trust_pickle=False)
     assert out["ok"] is True, out
-    assert out["nonfinite"] == 2
-    assert out["nonfinite_names"] == ["model.w", "opt.0"]
+    assert out["nonfinite"] == 1  # the weights ("model") only: the inf in "opt" is not weights
+    assert out["nonfinite_names"] == ["model.w"]
     assert out["dtypes"] == {"float32": 2, "bfloat16": 1, "int64": 1}
     assert out["tensors"] == 4 and out["elements"] == 9 + 3 + 2 + 4
+
+
+def test_callback_state_with_inf_is_not_weights(tmp_path: Path) -> None:
+    """Lightning's ModelCheckpoint keeps kth_value = inf in a healthy .ckpt: only state_dict counts."""
+    path = tmp_path / "epoch=0-step=40.ckpt"
+    state = {"state_dict": {"net.weight": torch.ones(2, 2)}, "global_step": 40,
+             "callbacks": {"ModelCheckpoint{}": {"kth_value": torch.tensor(float("inf")),
+                                                 "current_score": torch.tensor(float("inf"))}},
+             "optimizer_states": [{"state": {0: {"exp_avg": torch.tensor([float("nan")])}}}]}
+    torch.save(state, path)
+    out = safeload.run(path, "torch", finite=True, trust_pickle=False)
+    assert out["ok"] is True and out["nonfinite"] == 0 and out["tensors"] == 4, out
+    state["state_dict"]["net.weight"][0, 0] = float("nan")
+    torch.save(state, path)
+    out = safeload.run(path, "torch", finite=True, trust_pickle=False)
+    assert out["nonfinite"] == 1 and out["nonfinite_names"] == ["state_dict.net.weight"]
 
 
 def test_counts_non_finite_values_in_safetensors(tmp_path: Path) -> None:

@@ -162,7 +162,7 @@ def test_render_is_one_screen_and_escapes_box_text(store: Store) -> None:
     text = status.render(status.summarize(store, RUN, REF, now=NOW))
     assert "\x1b" not in text
     assert "/data\\x1b[2J" in text
-    assert "step 400 / 1,000 (40.0%)" in text and "ETA 300 s" in text
+    assert "step 400/1,000 (40.0%), 2 steps/s, ETA 300 s" in text
     assert "sha256 3fa2b1c4d5e6" in text and "vs ref    train-base: loss 1.6 at step 400" in text
     assert len(text.splitlines()) < 25
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from controller import verify_identity, verify_load
+from controller import verify_identity, verify_load, verify_units
 from controller.verify import Report, verify
 from controller.verify_identity import hash_file, hash_files
 from controller.verify_metric import EvalCommandError, Target, targets
@@ -42,10 +42,12 @@ def run(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def no_seam(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail the test if any seam child would start."""
+    """Fail the test if any seam child would start (the default NaN/Inf check of the newest
+    checkpoint, which needs one, is off for these tests)."""
     def refuse(*args: Any) -> List[str]:
         raise AssertionError("a seam child was started")
     monkeypatch.setattr(verify_load, "seam_command", refuse)
+    monkeypatch.setattr(verify_units, "newest_units", lambda steps: [])
 
 
 def failures(report: Report) -> List[str]:
@@ -79,8 +81,8 @@ def test_clean_run_passes_every_proof_and_writes_a_bound_report(tmp_path: Path) 
     assert doc["manifest_sha256"] == manifest["sha256"] == sha256_of(manifest)
     assert doc["run_id"] == "run-abc"
     assert doc["proofs"]["identity"]["status"] == "passed"
-    assert doc["proofs"]["safe_load"] == {**doc["proofs"]["safe_load"], "status": "passed", "loaded": 3,
-                                          "unknown_format": 2, "failed": 0}
+    assert doc["proofs"]["safe_load"] == {**doc["proofs"]["safe_load"], "status": "passed", "loaded": 4,
+                                          "unknown_format": 1, "failed": 0}
     assert doc["proofs"]["metric"]["status"] == "skipped"
     files = {f["path"]: f for f in doc["files"]}
     assert set(files) == {e[0] for e in entries_of(run)}
@@ -92,7 +94,10 @@ def test_clean_run_passes_every_proof_and_writes_a_bound_report(tmp_path: Path) 
     assert pt["load_detail"]["tensors"] == 3 and pt["load_detail"]["nonfinite"] == 0
     assert files[ST200]["load_detail"]["dtypes"] == {"F32": 2, "I64": 1}
     assert files[ST200]["load_detail"]["nonfinite"] == 0
-    assert files["config.json"]["load"] == "not loadable: unknown format"
+    assert files["config.json"]["load"] == "ok"
+    assert files["config.json"]["method"] == "identity only (parsed as JSON)"
+    assert files["metrics.jsonl"]["load"] == "not loadable: unknown format"
+    assert files[PT_FILE[0]]["method"] == files[ST200]["method"] == "weights"
     assert doc["tools"]["torch"] and doc["tools"]["hashlib"].startswith(("openssl", "builtin"))
     assert [p.name for p in (run / "rgt").iterdir() if p.name.endswith(".tmp")] == []
 
@@ -205,15 +210,26 @@ def test_a_malicious_pickle_is_refused_by_weights_only_and_never_runs(run: Path,
     assert not marker.exists()
 
 
-def test_an_include_that_will_not_load_safely_is_proven_by_identity_only(run: Path, tmp_path: Path) -> None:
-    """Hugging Face's training_args.bin pickles a class: weights_only refuses it, and that must
-    not fail the pull of an include (its bytes are still proven), while it never runs."""
+def test_a_training_args_bin_naming_os_system_is_refused_and_never_runs(run: Path, tmp_path: Path) -> None:
+    """training_args.bin is proven by identity alone (it pickles code), but its pickle is read for the
+    globals it names: os.system is no TrainingArguments, so the file is refused, never loaded."""
     marker = tmp_path / "PWNED"
     torch.save({"args": Evil(marker)}, run / "training_args.bin")
     write_manifest(run, [*entries_of(run), ("training_args.bin", "include", None)])
+    line = one_failure(verify(run), "training_args.bin: safe_load: its pickle names ")
+    assert "system" in line and "refused, not loaded" in line
+    assert not marker.exists()
+
+
+def test_an_include_that_will_not_load_safely_is_proven_by_identity_only(run: Path, tmp_path: Path) -> None:
+    """An include (not a checkpoint's companion) that weights_only refuses does not fail the pull:
+    its bytes are still proven, and it never runs."""
+    marker = tmp_path / "PWNED"
+    torch.save({"args": Evil(marker)}, run / "extra_state.pt")
+    write_manifest(run, [*entries_of(run), ("extra_state.pt", "include", None)])
     report = verify(run)
     assert report.ok, report.failures()
-    row = next(f for f in report.to_dict()["files"] if f["path"] == "training_args.bin")
+    row = next(f for f in report.to_dict()["files"] if f["path"] == "extra_state.pt")
     assert row["identity"] == "ok" and row["load"].startswith("identity only (an include")
     assert not marker.exists()
 
@@ -253,12 +269,15 @@ def test_a_hung_loader_is_killed_at_the_timeout(tmp_path: Path, monkeypatch: pyt
     hang = [sys.executable, "-c", "import threading; threading.Event().wait()"]  # a loader that never ends
     monkeypatch.setattr(verify_load, "seam_command", lambda *a: hang)
     report = verify(run, load_timeout_s=0.5)
-    assert one_failure(report, f"{PT_FILE[0]}: safe_load: timed out after 0.5s: the loader was killed")
+    # each file the child had started is charged, and a fresh child goes on with the next one
+    killed = "safe_load: timed out after 0.5s: the loader was killed"
+    assert sorted(report.failures()) == [f"{PT_FILE[0]}: {killed}", f"{ST200}: {killed}"]
 
 
 def test_the_address_space_limit_applies_to_the_loader(tmp_path: Path) -> None:
     run = make_run(tmp_path, with_pt=True)
-    line = one_failure(verify(run, load_memory_bytes=96 << 20), f"{PT_FILE[0]}: safe_load: ")
+    lines = verify(run, load_memory_bytes=96 << 20).failures()
+    line = next(ln for ln in lines if ln.startswith(f"{PT_FILE[0]}: safe_load: "))
     assert "96 MiB address-space limit" in line
 
 
@@ -283,11 +302,24 @@ def test_trust_pickle_loads_under_old_torch_and_says_so(tmp_path: Path,
 
 def test_check_finite_fails_a_nan_tensor(run: Path) -> None:
     bad = {"w": torch.tensor([1.0, float("nan"), float("inf")]), "ok": torch.ones(2)}
-    save_file(bad, str(run / ST200))
+    save_file(bad, str(run / ST100))  # not the newest: checked only with check_finite
     write_manifest(run, entries_of(run))
-    assert verify(run, write=False).ok  # structurally fine
-    line = one_failure(verify(run, check_finite=True), f"{ST200}: safe_load: ")
+    assert verify(run, write=False).ok  # structurally fine, and the newest (ST200) is finite
+    line = one_failure(verify(run, check_finite=True), f"{ST100}: safe_load: ")
     assert line.endswith("2 non-finite values (NaN/Inf) in w")
+
+
+def test_the_newest_checkpoint_is_checked_for_nan_by_default(run: Path) -> None:
+    save_file({"w": torch.tensor([1.0, float("nan")])}, str(run / ST200))
+    write_manifest(run, entries_of(run))
+    report = verify(run)
+    line = one_failure(report, f"{ST200}: safe_load: ")
+    assert line.endswith("1 non-finite values (NaN/Inf) in w")
+    assert report.nonfinite == [ST200] and stored(run)["nonfinite"] == [ST200]
+    allowed = verify(run, allow_nonfinite=True)
+    assert allowed.ok and allowed.nonfinite == [ST200]  # reported, not failed
+    row = next(u for u in allowed.units if u["unit"] == ST200)
+    assert row["newest"] and row["weights_finite"] is False
 
 
 # ---- recomputed metric ---------------------------------------------------------------------------
