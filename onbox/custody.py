@@ -1,42 +1,75 @@
-"""Checkpoint custody of one run: notice committed checkpoints, hash and check them, record them in
-<run>/rgt/manifest.jsonl, copy them to durable storage. The glue, like `onbox.monitor`.
+"""Checkpoint custody of one run: notice committed checkpoint units, hash and check them, record them
+in <run>/rgt/manifest.jsonl, notice their removal, copy them to durable storage. The glue, like
+`onbox.monitor`.
 
-A file under the checkpoint dir counts as committed when it was renamed into place (a move to a
-non-temporary name, or a creation with no write after it: a rename from another directory), or
-when it was closed after a write and then stayed quiet (size, mtime and inode unchanged for
-`settle_s`). Under the polling observer (no close events) any created or modified file commits
-once quiet. Temporary names (`*.tmp`, `*.partial`, `*.tmp.*`, dotfiles, `tmp-*` / `tmp_*`
-directories) never commit; they are only watched for being left behind.
+Places: the checkpoint dir ($RGT_CKPT_DIR, where every file is a checkpoint) plus the places the job
+really writes, found by `onbox.ckptlocate` (hints, HF's output_dir, Lightning's dirpath, large files
+the job holds open for writing), each reported once as `ckpt.location` and watched from then on
+(one `CheckpointWatcher` per place; a change seen by two nested places belongs to the deeper one).
+Outside the checkpoint dir only units count: directory units and files with a weights suffix (or
+a file the job was seen writing). The places are kept in rgt/ckpt_locations.json, so a restarted
+sidecar watches them again and the gate's view scans them.
 
-Threads: watchdog's (the change callback only updates the pending table and the queue; it never
-reads a file), and "rgt-custody", one worker that hashes (SHA-256, 1 MiB reads, paced by a token
-bucket at `hash_rate_bytes_s`), runs the structural check (`onbox.ckptcheck`), appends the record,
-emits `ckpt.saved`, and makes the durable copies. Settling, temporary-file ages, missed files and
-staleness are periodic jobs for the sidecar's scheduler (`jobs()`).
+Units (`onbox.ckptunits`): a file, or a directory such as HF's `checkpoint-N/`. A file unit commits
+when it was renamed into place (a move to a non-temporary name, or a creation with no write after
+it: a rename from another directory), or when it was closed after a write and then stayed quiet
+(size, mtime and inode unchanged for `settle_s`). A directory unit commits when it was renamed
+into place (`tmp-checkpoint-N` -> `checkpoint-N`) and is quiet, when its framework's last file
+(HF: trainer_state.json) was written and it is quiet with no file left open, when it stayed quiet
+for `unit_settle_s` (no known last file), or at once when a `checkpoint` hint names it. Under the
+polling observer (no close events) quiet is enough. A unit is hashed file by file, recorded once
+and judged once: one `ckpt.saved` or one `ckpt.suspect` per save. Writes into a unit already
+recorded give one `written_in_place` suspect, then one new record once it settles.
 
-Durable policy: "all" copies every recorded checkpoint right after it is recorded; "last" copies once
+Removal: a recorded unit that disappears as a whole while the job is alive (its pid, else no
+rgt/exit.json yet) and while no file of it was being judged (pending, queued or hashing when the
+first deletion was seen) was rotated away by the job (HF save_total_limit, Lightning save_top_k):
+`ckpt.removed` info, by "job", and a removal line in the manifest. Anything else is by "other", at
+warn: a unit that vanished while being judged or while the job was not running, files vanishing
+from a unit that is still there, a recorded file truncated. A unit removed by "other" stays
+suspect: the pull fails closed on it.
+
+Threads: watchdog's (the change callback only updates the pending table and the queue; beyond a
+stat or a small directory listing it never reads a file), and "rgt-custody", one worker that hashes
+(SHA-256, 1 MiB reads, paced by a token bucket at `hash_rate_bytes_s`), runs the structural check
+(`onbox.ckptcheck`), appends the record, emits `ckpt.saved`, and makes the durable copies. Settling,
+removals, locating, temporary-file ages, missed files and staleness are periodic jobs (`jobs()`).
+
+Durable policy: "all" copies every recorded unit right after it is recorded; "last" copies once
 hashing has caught up, and then only the newest: records of an older step than the newest recorded
-step, and records whose file changed since, are skipped. Nothing is ever deleted, there or here.
+step, and records whose files changed since, are skipped. Nothing is ever deleted, there or here.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
-import errno
+import json
 import logging
 import os
 import stat
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from onbox import ckptcheck, manifest
+from onbox import ckptunits, manifest
 from onbox.ckptcheck import is_temporary
-from onbox.errors import ConfigError
+from onbox.ckptlocate import Locator
+from onbox.custodycore import (
+    CLOSE,
+    DIR,
+    FILE,
+    NONEMPTY,
+    QUIET,
+    UNIT,
+    CustodyConfig,
+    CustodyCore,
+    Emit,
+    Pending,
+    Place,
+)
+from onbox.fsutil import write_atomic
 from onbox.jobs import FunctionJob, PeriodicJob
 from onbox.sources.checkpoints import (
-    CHUNK,
     CLOSED,
     CREATED,
     DELETED,
@@ -45,132 +78,67 @@ from onbox.sources.checkpoints import (
     Change,
     CheckpointWatcher,
     Key,
-    RateLimit,
-    copy_stream,
-    fsync_dir,
-    sha256_stream,
-    sha256_uncached,
     stat_key,
-    unlink_quietly,
 )
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[str, Mapping[str, Any], Optional[str]], Any]
-POLICIES = ("all", "last")
-OBSERVERS = ("auto", "inotify", "polling")
 
-# What a pending file waits for before it commits.
-QUIET = "quiet"        # size/mtime/inode unchanged for settle_s
-CLOSE = "close"        # a close after its writes (or quiet for quiet_max_s: a writer that never closes)
-NONEMPTY = "nonempty"  # created with no write seen: a rename from elsewhere once quiet and non-empty
-
-
-@dataclasses.dataclass
-class CustodyConfig:
-    run_dir: Path
-    ckpt_dir: Optional[Path] = None          # default <run>/checkpoints
-    observer: str = "auto"
-    settle_s: float = 2.0
-    tmp_max_age_s: float = 600.0
-    stale_after_s: Optional[float] = None
-    hash_rate_bytes_s: Optional[int] = 200 * 1024 * 1024
-    durable_dir: Optional[Path] = None
-    durable_policy: str = "all"
-    poll_interval_s: float = 2.0             # the polling observer's stat walk
-    sweep_s: float = 30.0                    # temporary-file ages and missed files
-    quiet_max_s: float = 120.0               # a file written but never closed commits after this quiet
-    job_cwd: Optional[Path] = None           # the job's working directory (frameworks write under it)
+@dataclasses.dataclass(frozen=True)
+class _Loc:
+    root: str
+    unit: str                                # the unit's absolute path
+    kind: str
+    sub: str                                 # the file's path inside a directory unit ("" for a file unit)
 
 
-@dataclasses.dataclass
-class _Pending:
-    need: str
-    via: str
-    key: Optional[Key] = None
-    changed: float = 0.0
-
-
-class CustodyMonitor:
+class CustodyMonitor(CustodyCore):
     """Checkpoint custody for one run; see the module doc."""
 
     def __init__(self, config: CustodyConfig, emit: Emit, *, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
-                 on_commit: Optional[Callable[[float], None]] = None) -> None:
-        self.config = config
-        self.run_dir = Path(config.run_dir)
-        self.ckpt_dir = Path(config.ckpt_dir) if config.ckpt_dir else self.run_dir / "checkpoints"
-        self.durable_dir = Path(config.durable_dir) if config.durable_dir else None
-        self._validate()
-        self._emit = emit
-        self._clock = clock
-        self._mono = monotonic
-        self._on_commit = on_commit
-        self._cond = threading.Condition()
-        self._stop = threading.Event()
-        self._bucket = RateLimit(config.hash_rate_bytes_s, CHUNK, self._stop)
-        self._watcher = CheckpointWatcher(self.ckpt_dir, self._on_change, config.observer,
-                                          config.poll_interval_s)
-        self._worker: Optional[threading.Thread] = None
-        self._pending: Dict[str, _Pending] = {}
-        self._queue: collections.OrderedDict[str, str] = collections.OrderedDict()
-        self._backlog: collections.OrderedDict[str, manifest.Record] = collections.OrderedDict()
-        self._notices: Deque[Tuple[str, str, str]] = collections.deque()
-        self._busy: Optional[str] = None
-        self._hashed = 0                                # bytes of the current file read so far
-        self._known: Dict[str, manifest.Record] = {}    # newest record per ckpt-relative path
-        self._suspected: Dict[str, Key] = {}            # a file already reported as it is now
-        self._written: Set[str] = set()                 # closed after a write or committed
-        self._warned_inplace: Set[str] = set()
-        self._rewritten: Set[str] = set()               # reported "rewritten while hashing"
-        self._warned_tmp: Set[Tuple[str, int]] = set()
-        self._last: Optional[manifest.Record] = None
-        self._since = 0.0
-        self._stale = False
-        self._sync_failed = False
-        self._sync_streak = False
-        self._degraded = False
-        self.counts: Dict[str, int] = collections.Counter()
-        self._last_sync_error: Optional[str] = None
-
-    def _validate(self) -> None:
-        c = self.config
-        if c.observer not in OBSERVERS:
-            raise ConfigError(f"observer must be one of {', '.join(OBSERVERS)}, not {c.observer!r}")
-        if c.durable_policy not in POLICIES:
-            raise ConfigError(f"durable_policy must be 'all' or 'last', not {c.durable_policy!r}")
-        if c.settle_s < 0 or c.tmp_max_age_s <= 0:
-            raise ConfigError("settle_s must be >= 0 and tmp_max_age_s > 0")
-        if self.durable_dir is not None:
-            d, k = os.path.abspath(self.durable_dir), os.path.abspath(self.ckpt_dir)
-            if d == k or d.startswith(k.rstrip("/") + "/") or k.startswith(d.rstrip("/") + "/"):
-                raise ConfigError(f"durable_dir {d} must lie outside (and not above) the checkpoint dir {k}")
+                 on_commit: Optional[Callable[[float], None]] = None, proc: str = "/proc") -> None:
+        super().__init__(config, emit, clock=clock, monotonic=monotonic, on_commit=on_commit, proc=proc)
+        self._add_watch(self.ckpt_dir, "ckpt_dir", every_file=True)
+        self._locator = Locator(self.run_dir, config.job_cwd, config.job_pid, proc=proc)
+        self._refused_seen = 0
 
     # ---- life ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load the manifest, start the observer and the worker, then scan for what is not recorded."""
+        """Load the manifest and the places, start the observers and the worker, then scan."""
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "rgt").mkdir(parents=True, exist_ok=True)
         self._since = self._clock()
+        rems = manifest.removals(self.run_dir)
         for record in manifest.read(self.run_dir):
-            rel = self._from_run_rel(record.path)
-            if rel is not None:
-                self._known[rel] = record
-                self._written.add(rel)
-                if self._last is None or record.ts >= self._last.ts:
-                    self._last = record
-        self._watcher.start()
+            unit = os.path.abspath(record.location(self.run_dir))
+            if manifest.removal_of(record, rems) is not None:
+                self._known.pop(unit, None)
+                continue
+            self._known[unit] = record
+            self._written.add(unit)
+            if record.kind == DIR:
+                self._dir_units.add(unit)
+            if self._last is None or record.ts >= self._last.ts:
+                self._last = record
+        for path, how in ckptunits.read_places(self.run_dir).items():
+            if os.path.isdir(path) and self._owner(path) is None:
+                self._add_watch(Path(path), how, every_file=False)
+        for place in list(self._places.values()):
+            place.watcher.start()
         self._worker = threading.Thread(target=self._work, name="rgt-custody", daemon=True)
         self._worker.start()
-        if self.durable_dir is not None:
+        if self._durable is not None:
             self._queue_missing_copies()
         self.sweep_tick()
 
     def jobs(self) -> List[PeriodicJob]:
-        """Settling (fast), temporary-file ages and missed files (slow), staleness (when set)."""
+        """Settling and removals (fast), locating, temporary-file ages and missed files (slow),
+        staleness (when set)."""
         settle_every = max(0.05, min(1.0, self.config.settle_s / 4))
         out: List[PeriodicJob] = [FunctionJob("custody.settle", settle_every, self.settle_tick),
+                                  FunctionJob("custody.locate", self.config.locate_s, self.locate_tick),
                                   FunctionJob("custody.sweep", self.config.sweep_s, self.sweep_tick)]
         if self.config.stale_after_s is not None:
             every = max(1.0, min(60.0, self.config.stale_after_s / 10))
@@ -180,32 +148,36 @@ class CustodyMonitor:
     def wait_idle(self, timeout_s: float) -> bool:
         """True once nothing is settling, queued, being hashed or waiting for its durable copy."""
         with self._cond:
-            return self._cond.wait_for(
-                lambda: not (self._pending or self._queue or self._busy or self._backlog), timeout_s)
+            return self._cond.wait_for(lambda: not (self._pending or self._queue or self._busy
+                                                    or self._backlog or self._gone), timeout_s)
 
     @property
     def sync_failed(self) -> bool:
         """A durable copy failed at some point of this monitor's life (sticky)."""
-        return self._sync_failed
+        return self._durable is not None and self._durable.failed
 
     def status(self) -> Dict[str, Any]:
         with self._cond:
             last = self._last
+            main = self._places[os.path.abspath(self.ckpt_dir)].watcher
             return {
                 "ckpt_dir": str(self.ckpt_dir),
-                "observer": self._watcher.kind, "observer_reason": self._watcher.reason,
-                "observer_alive": self._watcher.alive(),
+                "observer": main.kind, "observer_reason": main.reason, "observer_alive": main.alive(),
+                "places": [{"path": str(p.root), "how": p.how} for p in self._places.values()],
+                "refused_places": [{"path": str(p), "how": how} for p, how in self._locator.refused],
                 "pending": len(self._pending), "queued": len(self._queue),
                 "hashing": self._busy, "hashed_bytes": self._hashed if self._busy else None,
                 "durable_backlog": len(self._backlog),
                 "last_saved": None if last is None else {"path": last.path, "step": last.step, "ts": last.ts},
-                "stale": self._stale, "sync_failed": self._sync_failed,
-                "last_sync_error": self._last_sync_error, "counts": dict(self.counts),
+                "stale": self._stale, "sync_failed": self.sync_failed,
+                "last_sync_error": self._durable.last_error if self._durable else None,
+                "counts": dict(self.counts),
             }
 
     def close(self) -> None:
-        """Stop the observer, then the worker (an unfinished hash or copy is abandoned)."""
-        self._watcher.stop()
+        """Stop the observers, then the worker (an unfinished hash or copy is abandoned)."""
+        for place in list(self._places.values()):
+            place.watcher.stop()
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
@@ -213,88 +185,150 @@ class CustodyMonitor:
             self._worker.join(10.0)
             self._worker = None
 
-    # ---- paths --------------------------------------------------------------------------------
+    # ---- places and paths ---------------------------------------------------------------------
 
-    def _rel(self, path: str) -> Optional[str]:
-        rel = os.path.relpath(path, self.ckpt_dir)
-        return None if rel == "." or rel.startswith("..") else rel
+    def _add_watch(self, root: Path, how: str, every_file: bool) -> Place:
+        key = os.path.abspath(root)
+        watcher = CheckpointWatcher(Path(key), lambda c: self._on_change(c, key), self.config.observer,
+                                    self.config.poll_interval_s)
+        place = Place(Path(key), how, watcher, every_file)
+        self._places = {**self._places, key: place}  # replaced whole: watchdog threads read it
+        return place
 
-    def _from_run_rel(self, run_rel: str) -> Optional[str]:
-        return self._rel(str(self.run_dir / run_rel))
+    def _owner(self, path: str) -> Optional[str]:
+        """The deepest watched place holding `path`."""
+        best: Optional[str] = None
+        for root in self._places:
+            inside = path == root or path.startswith(root.rstrip("/") + "/")
+            if inside and (best is None or len(root) > len(best)):
+                best = root
+        return best
 
-    def _run_rel(self, rel: str) -> str:
-        return os.path.relpath(self.ckpt_dir / rel, self.run_dir)
-
-    def _stat_key(self, rel: str) -> Optional[Key]:
-        try:
-            st = os.stat(self.ckpt_dir / rel)
-        except OSError:
+    def _locate(self, path: str) -> Optional[_Loc]:
+        """The unit a file belongs to, or None (outside every place, temporary, or not a checkpoint)."""
+        path = os.path.abspath(path)
+        root = self._owner(path)
+        if root is None or path == root:
             return None
-        return stat_key(st) if stat.S_ISREG(st.st_mode) else None
+        rel = os.path.relpath(path, root).replace(os.sep, "/")
+        if is_temporary(rel):
+            return None
+        unit_rel, kind = ckptunits.unit_of(rel)
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            if os.path.join(root, *parts[:i]) in self._dir_units:
+                unit_rel, kind = "/".join(parts[:i]), DIR
+                break
+        unit = os.path.join(root, unit_rel)
+        if kind == FILE and not (self._places[root].every_file or ckptunits.is_weight_name(unit)
+                                 or unit in self._explicit):
+            return None
+        return _Loc(root, unit, kind, rel[len(unit_rel) + 1:] if kind == DIR else "")
 
-    def _recorded(self, rel: str, key: Optional[Key]) -> bool:
-        record = self._known.get(rel)
-        return record is not None and key == record.key
+    # ---- changes (watchdog's threads) ---------------------------------------------------------
 
-    # ---- changes (watchdog's thread) ----------------------------------------------------------
-
-    def _on_change(self, change: Change) -> None:
-        rel = self._rel(change.path)
+    def _on_change(self, change: Change, root: str) -> None:
+        if self._owner(os.path.abspath(change.dest or change.path)) != root and (
+                change.kind != MOVED or self._owner(os.path.abspath(change.path)) != root):
+            return  # a nested place sees it too; the deeper one handles it
+        src = self._locate(change.path)
         commit: Optional[str] = None
         with self._cond:
             if change.kind == MOVED:
-                if rel is not None:
-                    self._pending.pop(rel, None)
-                dest = self._rel(change.dest) if change.dest else None
-                if dest is not None and not is_temporary(dest):
-                    self._pending.pop(dest, None)
-                    commit = dest
-            elif rel is None or is_temporary(rel):
+                dst = self._locate(change.dest) if change.dest else None
+                if src is not None and (dst is None or dst.unit != src.unit):
+                    self._vanished(src)
+                if dst is not None and dst.kind == FILE:
+                    self._pending.pop(dst.unit, None)
+                    commit = dst.unit
+                elif dst is not None:
+                    renamed = src is None or src.unit != dst.unit
+                    self._touch_dir(dst, CLOSED, renamed)
+            elif src is None:
                 return
             elif change.kind == DELETED:
-                self._pending.pop(rel, None)
-            elif self._watcher.kind == "polling" and change.kind in (CREATED, MODIFIED):
-                self._settle(rel, QUIET, "poll")
-            elif change.kind == CREATED:
-                self._pending[rel] = _Pending(NONEMPTY, "rename", changed=self._mono())
-            elif change.kind == MODIFIED:
-                warn = rel in self._written and rel not in self._warned_inplace
-                self._settle(rel, CLOSE, "close")
-                if warn and not self._recorded(rel, self._stat_key(rel)):
-                    self._warned_inplace.add(rel)
-                    self._suspect_later(rel, "written_in_place", "written in place (not atomic): "
-                                        "more writes after a close-after-write to the same name")
-            elif change.kind == CLOSED:
-                self._written.add(rel)
-                self._settle(rel, QUIET, "close")
+                self._vanished(src)
+            elif src.kind == DIR:
+                self._touch_dir(src, change.kind, False)
+            else:
+                self._file_change(src, change.kind)
         if commit is not None:
-            self._commit([(commit, "rename")])
+            self._commit([(commit, "rename", FILE, self._owner(commit) or "")])
 
-    def _settle(self, rel: str, need: str, via: str) -> None:
-        """(Re)start the quiet clock of `rel` (caller holds the lock)."""
-        entry = self._pending.get(rel)
+    def _file_change(self, loc: _Loc, kind: str) -> None:
+        unit = loc.unit
+        polling = self._places[loc.root].watcher.kind == "polling"
+        if polling and kind in (CREATED, MODIFIED):
+            self._settle(loc, QUIET, "poll")
+        elif kind == CREATED:
+            self._pending[unit] = Pending(NONEMPTY, "rename", FILE, loc.root, changed=self._mono())
+        elif kind == MODIFIED:
+            warn = unit in self._written and unit not in self._warned_inplace
+            self._settle(loc, CLOSE, "close")
+            if warn and not self._recorded(unit, self._sig(unit, FILE)):
+                self._warned_inplace.add(unit)
+                self._suspect_later(unit, "written_in_place", "written in place (not atomic): "
+                                    "more writes after a close-after-write to the same name")
+        elif kind == CLOSED:
+            self._written.add(unit)
+            self._settle(loc, QUIET, "close")
+
+    def _touch_dir(self, loc: _Loc, kind: str, renamed: bool) -> None:
+        """A change inside a directory unit (caller holds the lock)."""
+        unit, now = loc.unit, self._mono()
+        p = self._pending.get(unit)
+        polling = self._places[loc.root].watcher.kind == "polling"
+        if p is None:
+            p = Pending(UNIT, "poll" if polling else "close", DIR, loc.root, changed=now)
+            self._pending[unit] = p
+            if unit in self._known and unit not in self._warned_inplace and not renamed \
+                    and not self._recorded(unit, self._sig(unit, DIR)):
+                self._warned_inplace.add(unit)
+                self._suspect_later(unit, "written_in_place", "a recorded checkpoint directory is being "
+                                    "written again (a rerun saving into the same name?)")
+        if renamed:
+            p.need, p.via = QUIET, "rename"
+        if kind == MODIFIED and not polling:
+            p.open.add(loc.sub)
+        elif kind in (CLOSED, CREATED) or polling:
+            if kind == CLOSED:
+                p.open.discard(loc.sub)
+            if loc.sub == ckptunits.final_file(os.path.basename(unit)) and (kind == CLOSED or polling):
+                p.final_done = True
+        p.changed = now
+        self._cond.notify_all()
+
+    def _vanished(self, loc: _Loc) -> None:
+        """A file of a unit was deleted or moved away (caller holds the lock)."""
+        if loc.kind == FILE:
+            self._pending.pop(loc.unit, None)
+        if loc.unit in self._known and loc.unit not in self._gone:
+            judged = loc.unit in self._pending or loc.unit in self._queue or self._busy == loc.unit
+            self._gone[loc.unit] = (self._mono(), judged, self._job_alive())
+        self._cond.notify_all()
+
+    def _settle(self, loc: _Loc, need: str, via: str) -> None:
+        """(Re)start the quiet clock of a file unit (caller holds the lock)."""
+        entry = self._pending.get(loc.unit)
         if entry is None:
-            self._pending[rel] = _Pending(need, via, changed=self._mono())
+            self._pending[loc.unit] = Pending(need, via, FILE, loc.root, changed=self._mono())
         else:
             entry.need, entry.via, entry.changed = need, via, self._mono()
         self._cond.notify_all()
 
-    def _suspect_later(self, rel: str, code: str, reason: str) -> None:
+    def _suspect_later(self, unit: str, code: str, reason: str) -> None:
         """A suspect found under the lock is emitted by the worker (never from watchdog's thread)."""
-        self._notices.append((rel, code, reason))
+        self._notices.append((unit, code, reason))
         self._cond.notify_all()
 
-    def _commit(self, items: List[Tuple[str, str]]) -> None:
-        fresh = []
-        for rel, via in items:
-            if not self._recorded(rel, self._stat_key(rel)):
-                fresh.append((rel, via))
+    def _commit(self, items: List[Tuple[str, str, str, str]]) -> None:
+        fresh = [item for item in items if not self._recorded(item[0], self._sig(item[0], item[2]))]
         if not fresh:
             return
         with self._cond:
-            for rel, via in fresh:
-                self._written.add(rel)
-                self._queue.setdefault(rel, via)
+            for unit, via, kind, root in fresh:
+                self._written.add(unit)
+                self._queue.setdefault(unit, (via, kind, root))
             self._cond.notify_all()
         if self._on_commit is not None:
             try:
@@ -305,45 +339,127 @@ class CustodyMonitor:
     # ---- periodic jobs ------------------------------------------------------------------------
 
     def settle_tick(self) -> None:
-        """Commit the pending files that have been quiet long enough."""
+        """Commit the pending units that have been quiet long enough; judge removals."""
         with self._cond:
-            rels = list(self._pending)
-        keys = {rel: self._stat_key(rel) for rel in rels}
-        now = self._mono()
-        ready: List[Tuple[str, str]] = []
+            units = [(u, p.kind) for u, p in self._pending.items()]
+        sigs = {unit: self._sig(unit, kind) for unit, kind in units}
+        now, c = self._mono(), self.config
+        ready: List[Tuple[str, str, str, str]] = []
         with self._cond:
-            for rel, key in keys.items():
-                p = self._pending.get(rel)
+            for unit, sig in sigs.items():
+                p = self._pending.get(unit)
                 if p is None:
                     continue
-                if key is None:
-                    del self._pending[rel]
+                if sig is None:
+                    if p.kind == FILE or not os.path.isdir(unit) or now - p.changed >= c.quiet_max_s:
+                        del self._pending[unit]
                     continue
-                if key != p.key:
-                    p.key, p.changed = key, now
+                if sig != p.key:
+                    p.key, p.changed = sig, now
                     continue
-                quiet = now - p.changed
-                if p.need == CLOSE:
-                    due = quiet >= self.config.quiet_max_s
-                elif p.need == NONEMPTY:
-                    due = (quiet >= self.config.settle_s and key[0] > 0) or quiet >= self.config.quiet_max_s
-                else:
-                    due = quiet >= self.config.settle_s
-                if due:
-                    del self._pending[rel]
-                    ready.append((rel, "quiet" if p.need == CLOSE else p.via))
+                if self._due(unit, p, sig, now - p.changed):
+                    del self._pending[unit]
+                    via = "quiet" if p.need == CLOSE or (p.kind == DIR and p.open) else p.via
+                    ready.append((unit, via, p.kind, p.root))
             self._cond.notify_all()
         self._commit(ready)
+        self._judge_removals(now)
+
+    def _due(self, unit: str, p: Pending, sig: Any, quiet: float) -> bool:
+        c = self.config
+        if quiet >= c.quiet_max_s:
+            return True
+        if p.kind == DIR:
+            if p.open:
+                return False
+            if p.need == QUIET or p.final_done:
+                return quiet >= c.settle_s
+            return ckptunits.final_file(os.path.basename(unit)) is None and quiet >= c.unit_settle_s
+        if p.need == CLOSE:
+            return False
+        if p.need == NONEMPTY:
+            return quiet >= c.settle_s and sig[0] > 0
+        return quiet >= c.settle_s
+
+    # ---- locating -----------------------------------------------------------------------------
+
+    def locate_tick(self) -> None:
+        """Watch the new places the job writes to; commit the units its hints name."""
+        found = self._locator.tick([p.root for p in self._places.values()])
+        hinted, self._locator.hinted = self._locator.hinted, []
+        with self._cond:
+            self._explicit |= self._locator.open_files
+            self._dir_units |= {os.path.abspath(h["path"]) for h in hinted if os.path.isdir(h["path"])}
+        for path, how in found:
+            self._add_place(path, how)
+        for path, how in self._locator.refused[self._refused_seen:]:
+            self._emit("ckpt.location", {"path": str(path), "how": how, "watched": False,
+                                         "reason": "too broad to watch (/, home, or above the run dir); "
+                                                   "checkpoints there are named by the gate"}, "warn")
+        self._refused_seen = len(self._locator.refused)
+        for hint in hinted:
+            self._take_hint(hint["path"])
+
+    def _add_place(self, path: Path, how: str) -> None:
+        key = os.path.abspath(path)
+        if not os.path.isdir(key) or self._owner(key) is not None:
+            return
+        place = self._add_watch(Path(key), how, every_file=False)
+        try:
+            place.watcher.start()
+        except OSError as e:
+            self._places = {k: v for k, v in self._places.items() if k != key}
+            self._emit("ckpt.location", {"path": key, "how": how, "watched": False, "reason": str(e)[:300]},
+                       "warn")
+            return
+        self._save_places()
+        inside = not os.path.relpath(key, self.run_dir).startswith("..")
+        data: Dict[str, Any] = {"path": key, "how": how, "watched": True, "in_run_dir": inside}
+        if not inside:
+            data["pull_path"] = ckptunits.ensure_link(self.run_dir, key)
+        self.counts["locations"] += 1
+        self._emit("ckpt.location", data, None)
+        self._sweep_place(place)
+
+    def _save_places(self) -> None:
+        places = [{"path": str(p.root), "how": p.how} for p in self._places.values() if not p.every_file]
+        write_atomic(ckptunits.places_file(self.run_dir), json.dumps({"v": 1, "places": places}) + "\n")
+
+    def _take_hint(self, path: str) -> None:
+        """A framework said it finished saving `path`: commit that unit now."""
+        path = os.path.abspath(path)
+        root = self._owner(path)
+        if root is None or path == root:
+            return
+        if os.path.isdir(path):
+            with self._cond:
+                self._dir_units.add(path)
+                self._pending.pop(path, None)
+            self._commit([(path, "hint", DIR, root)])
+            return
+        with self._cond:
+            self._explicit.add(path)
+        loc = self._locate(path)
+        if loc is not None:
+            with self._cond:
+                self._pending.pop(loc.unit, None)
+            self._commit([(loc.unit, "hint", loc.kind, loc.root)])
+
+    # ---- sweeps and staleness -----------------------------------------------------------------
 
     def sweep_tick(self) -> None:
-        """Walk the checkpoint dir: report temporary files left too long; settle unrecorded files."""
-        now = self._clock()
+        """Walk every place: report temporary files left too long; settle unrecorded units."""
+        for place in list(self._places.values()):
+            self._sweep_place(place)
+
+    def _sweep_place(self, place: Place) -> None:
+        now, root = self._clock(), str(place.root)
         seen_tmp: Set[Tuple[str, int]] = set()
-        found: Dict[str, Key] = {}
-        for dirpath, dirnames, filenames in os.walk(self.ckpt_dir):
+        files: Dict[str, Tuple[Key, str]] = {}
+        dirs: Dict[str, str] = {}
+        for dirpath, dirnames, filenames in os.walk(root):
             for name in list(dirnames) + filenames:
                 path = os.path.join(dirpath, name)
-                rel = os.path.relpath(path, self.ckpt_dir)
                 try:
                     st = os.stat(path, follow_symlinks=False)
                 except OSError:
@@ -351,35 +467,52 @@ class CustodyMonitor:
                 if is_temporary(name):
                     if name in dirnames:
                         dirnames.remove(name)
-                    seen_tmp.add((rel, st.st_ino))
-                    self._check_tmp_age(rel, st, now)
+                    seen_tmp.add((path, st.st_ino))
+                    self._check_tmp_age(path, st, now)
                 elif stat.S_ISREG(st.st_mode):
-                    found[rel] = stat_key(st)
+                    loc = self._locate(path)
+                    if loc is not None and loc.root == root:
+                        if loc.kind == FILE:
+                            files[loc.unit] = (stat_key(st), root)
+                        else:
+                            dirs[loc.unit] = root
+        dir_sigs = {unit: self._sig(unit, DIR) for unit in dirs}
         with self._cond:
-            self._warned_tmp &= seen_tmp
-            for rel, key in found.items():
-                if (self._recorded(rel, key) or self._suspected.get(rel) == key or rel in self._pending
-                        or rel in self._queue or rel == self._busy):
-                    continue
-                self._pending[rel] = _Pending(QUIET, "scan", key, self._mono())
+            self._warned_tmp = {w for w in self._warned_tmp if not w[0].startswith(root + "/")} | \
+                (self._warned_tmp & seen_tmp)
+            mono = self._mono()
+            for unit, (key, r) in files.items():
+                if not self._busy_with(unit, key):
+                    self._pending[unit] = Pending(QUIET, "scan", FILE, r, key, mono)
+            for unit, r in dirs.items():
+                sig = dir_sigs[unit]
+                if sig is not None and not self._busy_with(unit, sig):
+                    final = ckptunits.final_file(os.path.basename(unit))
+                    p = self._pending[unit] = Pending(UNIT, "scan", DIR, r, sig, mono)
+                    p.final_done = final is not None and any(rel == final for rel, _ in sig)
             self._cond.notify_all()
 
-    def _check_tmp_age(self, rel: str, st: os.stat_result, now: float) -> None:
+    def _busy_with(self, unit: str, sig: Any) -> bool:
+        """Recorded as it is, already reported as it is, or on its way (caller holds the lock)."""
+        return (self._recorded(unit, sig) or self._suspected.get(unit) == sig or unit in self._pending
+                or unit in self._queue or unit == self._busy)
+
+    def _check_tmp_age(self, path: str, st: os.stat_result, now: float) -> None:
         newest = st.st_mtime
         if stat.S_ISDIR(st.st_mode):
-            for dirpath, _, filenames in os.walk(self.ckpt_dir / rel):
+            for dirpath, _, filenames in os.walk(path):
                 for name in filenames:
                     try:
                         newest = max(newest, os.stat(os.path.join(dirpath, name)).st_mtime)
                     except OSError:
                         continue
         age = now - newest
-        if age < self.config.tmp_max_age_s or (rel, st.st_ino) in self._warned_tmp:
+        if age < self.config.tmp_max_age_s or (path, st.st_ino) in self._warned_tmp:
             return
-        self._warned_tmp.add((rel, st.st_ino))
+        self._warned_tmp.add((path, st.st_ino))
         what = "directory" if stat.S_ISDIR(st.st_mode) else "file"
         reason = f"temporary {what} left unchanged for {age:.0f}s (over {self.config.tmp_max_age_s:.0f}s)"
-        self._suspect(rel, "tmp_left", reason + ": an interrupted save?", None, age_s=round(age, 1))
+        self._suspect(path, "tmp_left", reason + ": an interrupted save?", None, age_s=round(age, 1))
 
     def stale_tick(self) -> None:
         """`ckpt.stale` once when no good checkpoint was saved for `stale_after_s`."""
@@ -396,199 +529,6 @@ class CustodyMonitor:
         self._emit("ckpt.stale", {"age_s": round(age, 1), "stale_after_s": limit,
                                   "last_path": last.path if last else None,
                                   "last_step": last.step if last else None}, "warn")
-
-    # ---- worker -------------------------------------------------------------------------------
-
-    def _work(self) -> None:
-        while True:
-            record: Optional[manifest.Record] = None
-            with self._cond:
-                self._cond.wait_for(
-                    lambda: self._stop.is_set() or bool(self._notices or self._queue or self._backlog))
-                if self._stop.is_set():
-                    return
-                notices = list(self._notices)
-                self._notices.clear()
-                if notices:
-                    rel, via = "", "notices"
-                elif self._queue:
-                    rel, via = self._queue.popitem(last=False)
-                else:
-                    rel, record = self._backlog.popitem(last=False)
-                    via = "durable"
-                self._busy, self._hashed = rel or None, 0
-            try:
-                for path, code, reason in notices:
-                    self._suspect(path, code, reason, None)
-                if rel:
-                    self._work_one(rel, via, record)
-                if self._degraded:
-                    self._degraded = False
-                    self._emit("sidecar.recovered", {"part": "custody"}, None)
-            except Exception as e:  # a work-item boundary: log, report once per streak, go on
-                log.exception("custody of %s failed", rel)
-                self.counts["errors"] += 1
-                if not self._degraded:
-                    self._degraded = True
-                    self._emit("sidecar.degraded", {"part": "custody", "path": rel,
-                                                    "error": f"{type(e).__name__}: {e}"[:500]}, None)
-            finally:
-                with self._cond:
-                    self._busy = None
-                    self._cond.notify_all()
-
-    def _work_one(self, rel: str, via: str, record: Optional[manifest.Record]) -> None:
-        if record is not None:
-            if self._copy_wanted(rel, record):
-                self._copy(rel, record)
-        else:
-            self._process(rel, via)
-
-    def _suspect(self, rel: str, code: str, reason: str, key: Optional[Key], **extra: Any) -> None:
-        with self._cond:
-            if key is not None:
-                self._suspected[rel] = key
-            self.counts["suspect"] += 1
-        data = {"path": self._run_rel(rel), "code": code, "reason": reason, **extra}
-        self._emit("ckpt.suspect", data, "warn")
-
-    def _process(self, rel: str, via: str) -> None:
-        """Hash, check and record one committed file (see the module doc)."""
-        path = self.ckpt_dir / rel
-        key0 = self._stat_key(rel)
-        if key0 is None or self._recorded(rel, key0) or self._suspected.get(rel) == key0:
-            return
-        if key0[0] == 0:
-            self._suspect(rel, "zero_bytes", "zero bytes", key0)
-            return
-        started = time.perf_counter()
-        try:
-            with open(path, "rb") as f:
-                opened = stat_key(os.fstat(f.fileno()))
-                digest = sha256_stream(f, self._bucket, self._progress) if opened == key0 else None
-                check = ckptcheck.check_file(f, key0[0], path.name) if digest else None
-                after_fd = stat_key(os.fstat(f.fileno()))
-        except FileNotFoundError:
-            return
-        key1 = self._stat_key(rel)
-        if self._stop.is_set() or key1 is None or key1[2] != key0[2]:
-            return  # stopped, gone, or replaced by a rename (that commit is queued on its own)
-        if digest is None or check is None or key1 != key0 or after_fd != key0:
-            if opened == key0 and rel not in self._rewritten:  # once until it is recorded
-                self._rewritten.add(rel)
-                self._suspect(rel, "rewritten_while_hashing",
-                              "rewritten while hashing: size or mtime changed; hashed again once it settles",
-                              None, size=key1[0])
-            with self._cond:
-                if rel not in self._pending:
-                    self._pending[rel] = _Pending(QUIET, via, None, self._mono())
-            return
-        if check.status == ckptcheck.BAD:
-            self._suspect(rel, "bad_structure", check.reason or "bad structure", key0,
-                          format=check.format, size=key0[0], sha256=digest)
-            return
-        self._record(rel, via, key0, digest, check, time.perf_counter() - started)
-
-    def _progress(self, done: int) -> None:
-        self._hashed = done
-
-    def _record(self, rel: str, via: str, key: Key, digest: str, check: ckptcheck.CheckResult,
-                hash_s: float) -> None:
-        step = ckptcheck.step_of(rel, check.metadata)
-        record = manifest.Record(path=self._run_rel(rel), size=key[0], sha256=digest, mtime_ns=key[1],
-                                 inode=key[2], step=step, format=check.format, ts=self._clock())
-        manifest.append(self.run_dir, record)
-        with self._cond:
-            self._known[rel] = record
-            self._suspected.pop(rel, None)
-            self._rewritten.discard(rel)
-            self._last = record
-            self._stale = False
-            if self.durable_dir is not None:
-                self._backlog[rel] = record
-        self.counts["saved"] += 1
-        self._emit("ckpt.saved", {
-            "path": record.path, "size": record.size, "sha256": digest, "step": step,
-            "format": check.format, "check": check.status, "hash_s": round(hash_s, 4),
-            "via": via, "non_atomic": {"close": True, "quiet": True, "rename": False}.get(via),
-        }, None)
-        if self.durable_dir is not None and self.config.durable_policy == "all":
-            with self._cond:
-                self._backlog.pop(rel, None)
-            self._copy(rel, record)
-
-    # ---- durable copies -----------------------------------------------------------------------
-
-    def _queue_missing_copies(self) -> None:
-        assert self.durable_dir is not None
-        missing = {}
-        for rel, record in self._known.items():
-            if not record.matches(self.run_dir):
-                continue
-            try:
-                same = os.stat(self.durable_dir / rel).st_size == record.size
-            except OSError:
-                same = False
-            if not same:
-                missing[rel] = record
-        with self._cond:
-            self._backlog.update(missing)
-            self._cond.notify_all()
-
-    def _copy_wanted(self, rel: str, record: manifest.Record) -> bool:
-        """Under "last", skip what a newer step or a newer record of the same file superseded."""
-        with self._cond:
-            if self._known.get(rel) is not record or not record.matches(self.run_dir):
-                return False
-            if self.config.durable_policy != "last" or record.step is None:
-                return True
-            steps = [r.step for r in self._backlog.values() if r.step is not None]
-            return not steps or record.step >= max(steps)
-
-    def _copy(self, rel: str, record: manifest.Record) -> None:
-        """Copy to a temporary name, fsync, read back and compare, then rename and fsync the dir."""
-        assert self.durable_dir is not None
-        dst = self.durable_dir / rel
-        tmp = dst.with_name(f".{dst.name}.rgt-{os.getpid()}.tmp")
-        started = time.perf_counter()
-        try:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            streamed = copy_stream(self.ckpt_dir / rel, tmp, record.key, self._bucket)
-            back = sha256_uncached(tmp, self._bucket) if streamed == record.sha256 else None
-            if back == record.sha256:
-                os.replace(tmp, dst)
-                fsync_dir(dst.parent)
-        except OSError as e:
-            unlink_quietly(tmp)
-            name = errno.errorcode.get(e.errno or 0, "error")
-            self._sync_fail(rel, dst, f"{name}: {e.strerror or e}", name)
-            return
-        if back != record.sha256:
-            unlink_quietly(tmp)
-            if back is not None:
-                self._sync_fail(rel, dst, f"the copy reads back as {back}, not {record.sha256}", "mismatch")
-            elif streamed is not None:  # the source changed under us: its new commit comes on its own
-                log.info("%s changed while being copied; not copied", rel)
-            return
-        with self._cond:
-            self._sync_streak = False
-        self.counts["durable"] += 1
-        self._emit("ckpt.durable", {"path": record.path, "durable_path": str(dst), "sha256": back,
-                                    "size": record.size, "copy_s": round(time.perf_counter() - started, 3)},
-                   None)
-
-    def _sync_fail(self, rel: str, dst: Path, error: str, code: str) -> None:
-        with self._cond:
-            self._sync_failed = True
-            self._last_sync_error = error
-            first = not self._sync_streak
-            self._sync_streak = True
-        self.counts["sync_failed"] += 1
-        log.error("durable copy of %s to %s failed: %s", rel, dst, error)
-        if first:  # one critical per failing streak; the count and last error are in status()
-            self._emit("ckpt.sync_failed", {"path": self._run_rel(rel), "durable_path": str(dst),
-                                            "error": error[:500], "code": code}, "critical")
-
 
 
 __all__ = ["CustodyConfig", "CustodyMonitor"]

@@ -1,25 +1,68 @@
 """Checkpoint custody records: <run>/rgt/manifest.jsonl.
 
-One JSON object per line, appended by the custody worker once a committed
-checkpoint has been hashed and has passed its structural check:
+One JSON object per line, appended by the custody worker once a committed checkpoint unit has been
+hashed and has passed its structural check. A file unit (a `.pt`, a Lightning `.ckpt`, a
+`.safetensors`):
 
     {"v": 1, "path": "checkpoints/step000100.pt", "size": 2717, "sha256": "...",
      "mtime_ns": ..., "inode": ..., "step": 100, "format": "torch", "ts": 1795990000.1}
 
-`path` is relative to the run dir. A file rewritten after it was recorded no
-longer matches its record (size, mtime_ns, inode) and is not trusted until a
-newer record covers it. The launcher resumes from `newest_good()`.
+A directory unit (HF `checkpoint-N/`, DeepSpeed `global_stepN/`, FSDP shard dirs) adds
+`"kind": "dir"` and `files`, one entry per file (path relative to the unit):
+
+    {"v": 1, "kind": "dir", "path": "out/checkpoint-50", "size": <total>, "sha256": <unit digest>,
+     "mtime_ns": <newest file's>, "inode": <the directory's>, "step": 50, "format": "hf", "ts": ...,
+     "files": [{"path": "model.safetensors", "size": .., "sha256": .., "mtime_ns": .., "inode": ..}]}
+
+The unit digest is the SHA-256 of the sorted lines "relpath\\0size\\0sha256\\n" (UTF-8), one per
+file (`unit_digest`). `path` is relative to the run dir; a unit outside the run dir (the job wrote it
+where its framework writes, e.g. HF's output_dir under the job's cwd) has an absolute `path` and
+`root`, the watched place it was found under. Every field added after the first format has a
+default, so old files read the same and old readers (which take the first format's fields) still
+read new lines.
+
+Removals are lines of their own, never a rewrite:
+
+    {"v": 1, "op": "removed", "path": "out/checkpoint-10", "sha256": "...", "by": "job",
+     "reason": "...", "ts": ...}
+
+`by` is "job" (the job's own rotation: HF save_total_limit, Lightning save_top_k) or "other"
+(anything else: it stays suspect). A removal covers the records of its path written before it.
+
+A record no longer matches once any of its files changed (size, mtime_ns, inode) and is not trusted
+until a newer record covers it. The launcher resumes from `newest_good()`: the unit itself (the
+directory for HF, the `.ckpt` file for Lightning).
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 FILENAME = "manifest.jsonl"
 VERSION = 1
+FILE = "file"
+DIR = "dir"
+BY = ("job", "other")
+_BASE = ("path", "size", "sha256", "mtime_ns", "inode", "step", "format", "ts")
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitFile:
+    """One file of a directory unit; `path` is relative to the unit."""
+
+    path: str
+    size: int
+    sha256: str
+    mtime_ns: int
+    inode: int
+
+    @property
+    def key(self) -> Tuple[int, int, int]:
+        return self.size, self.mtime_ns, self.inode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,28 +75,67 @@ class Record:
     step: Optional[int]
     format: str
     ts: float
+    kind: str = FILE
+    files: Tuple[UnitFile, ...] = ()
+    root: Optional[str] = None
 
     @property
     def key(self) -> Tuple[int, int, int]:
-        """(size, mtime_ns, inode): what pins the hashed bytes to the file."""
+        """(size, mtime_ns, inode): what pins the hashed bytes to a file unit."""
         return self.size, self.mtime_ns, self.inode
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"v": VERSION, **dataclasses.asdict(self)}
+        out: Dict[str, Any] = {"v": VERSION, **{k: getattr(self, k) for k in _BASE}}
+        if self.kind != FILE:
+            out["kind"] = self.kind
+            out["files"] = [dataclasses.asdict(f) for f in self.files]
+        if self.root is not None:
+            out["root"] = self.root
+        return out
+
+    def location(self, run_dir: Path) -> Path:
+        """Where the unit is on this box (an absolute `path` stays as it is)."""
+        return Path(run_dir) / self.path
 
     def matches(self, run_dir: Path) -> bool:
-        """The file is still exactly what was hashed (same size, mtime and inode)."""
-        try:
-            st = os.stat(Path(run_dir) / self.path)
-        except OSError:
-            return False
-        return (st.st_size, st.st_mtime_ns, st.st_ino) == self.key
+        """Every file is still exactly what was hashed (same size, mtime and inode)."""
+        where = self.location(run_dir)
+        if self.kind != DIR:
+            return _key_of(where) == self.key
+        return bool(self.files) and all(_key_of(where / f.path) == f.key for f in self.files)
 
 
-def append(run_dir: Path, record: Record) -> None:
-    """Append one record as a whole line and fsync it."""
+@dataclasses.dataclass(frozen=True)
+class Removal:
+    path: str
+    sha256: str
+    by: str
+    reason: str
+    ts: float
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"v": VERSION, "op": "removed", **dataclasses.asdict(self)}
+
+
+def _key_of(path: Path) -> Optional[Tuple[int, int, int]]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def unit_digest(files: Iterable[Tuple[str, int, str]]) -> str:
+    """SHA-256 over the sorted lines "relpath\\0size\\0sha256\\n" of a directory unit's files."""
+    h = hashlib.sha256()
+    for rel, size, sha in sorted(files):
+        h.update(f"{rel}\0{size}\0{sha}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+def _append_line(run_dir: Path, doc: Dict[str, Any]) -> None:
     path = Path(run_dir) / "rgt" / FILENAME
-    line = (json.dumps(record.to_dict(), separators=(",", ":")) + "\n").encode()
+    line = (json.dumps(doc, separators=(",", ":")) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         os.write(fd, line)
@@ -62,29 +144,99 @@ def append(run_dir: Path, record: Record) -> None:
         os.close(fd)
 
 
-def read(run_dir: Path) -> List[Record]:
-    """Every well-formed record, oldest first; torn or foreign lines are skipped."""
-    path = Path(run_dir) / "rgt" / FILENAME
+def append(run_dir: Path, record: Record) -> None:
+    """Append one record as a whole line and fsync it."""
+    _append_line(run_dir, record.to_dict())
+
+
+def append_removal(run_dir: Path, removal: Removal) -> None:
+    """Append one removal line and fsync it."""
+    _append_line(run_dir, removal.to_dict())
+
+
+def _lines(run_dir: Path) -> List[Dict[str, Any]]:
     try:
-        raw = path.read_bytes()
+        raw = (Path(run_dir) / "rgt" / FILENAME).read_bytes()
     except FileNotFoundError:
         return []
-    out: List[Record] = []
-    fields = {f.name for f in dataclasses.fields(Record)}
+    out = []
     for line in raw.splitlines():
         try:
             obj = json.loads(line)
-            if obj.get("v") != VERSION:
-                continue
-            out.append(Record(**{k: obj[k] for k in fields}))
-        except (ValueError, KeyError, TypeError):
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("v") == VERSION:
+            out.append(obj)
+    return out
+
+
+def _files(value: Any) -> Tuple[UnitFile, ...]:
+    if not isinstance(value, list):
+        raise TypeError("files must be a list")
+    names = [f.name for f in dataclasses.fields(UnitFile)]
+    return tuple(UnitFile(**{k: item[k] for k in names}) for item in value)
+
+
+def _record(obj: Dict[str, Any]) -> Record:
+    kind = obj.get("kind", FILE)
+    if kind not in (FILE, DIR):
+        raise TypeError(f"unknown record kind {kind!r}")
+    root = obj.get("root")
+    if root is not None and not isinstance(root, str):
+        raise TypeError("root must be a string")
+    files = _files(obj.get("files")) if kind == DIR else ()
+    if not isinstance(obj["path"], str):
+        raise TypeError("path must be a string")
+    return Record(**{k: obj[k] for k in _BASE}, kind=kind, files=files, root=root)
+
+
+def read(run_dir: Path) -> List[Record]:
+    """Every well-formed record, oldest first; removals, torn and foreign lines are skipped."""
+    out: List[Record] = []
+    for obj in _lines(run_dir):
+        if "op" in obj:
+            continue
+        try:
+            out.append(_record(obj))
+        except (KeyError, TypeError):
             continue
     return out
 
 
+def removals(run_dir: Path) -> List[Removal]:
+    """Every well-formed removal line, oldest first."""
+    out: List[Removal] = []
+    for obj in _lines(run_dir):
+        if obj.get("op") != "removed":
+            continue
+        try:
+            rem = Removal(path=obj["path"], sha256=obj["sha256"], by=obj["by"],
+                          reason=str(obj.get("reason", "")), ts=float(obj["ts"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+        if isinstance(rem.path, str) and isinstance(rem.sha256, str) and rem.by in BY:
+            out.append(rem)
+    return out
+
+
+def removal_of(record: Record, rems: Sequence[Removal]) -> Optional[Removal]:
+    """The removal that covers `record` (same path, written at or after it), or None."""
+    found = None
+    for rem in rems:
+        if rem.path == record.path and rem.ts >= record.ts:
+            found = rem
+    return found
+
+
 def newest_good(run_dir: Path) -> Optional[Path]:
-    """The newest recorded checkpoint whose file still matches its record."""
+    """The newest recorded unit, not removed, whose files all still match their record: the
+    directory of a directory unit (what HF's resume_from_checkpoint wants), else the file."""
+    rems = removals(run_dir)
     for record in sorted(read(run_dir), key=lambda r: (r.ts, r.step or -1), reverse=True):
-        if record.matches(run_dir):
-            return Path(run_dir) / record.path
+        if removal_of(record, rems) is None and record.matches(run_dir):
+            return record.location(run_dir)
     return None
+
+
+__all__ = ["BY", "DIR", "FILE", "Record", "Removal", "UnitFile", "append", "append_removal", "newest_good",
+           "read", "removal_of", "removals", "unit_digest"]

@@ -1,13 +1,19 @@
 """What a pull must bring back: <run>/rgt/PULL_MANIFEST.json (schema in protocol.pull), and the
 box's current checkpoint set for the controller's teardown gate.
 
-The roster is every checkpoint in rgt/manifest.jsonl (its newest record per path) plus the declared
-includes: glob patterns relative to the run dir (`**` spans directories, `*` and `?` stay within
-one; a pattern naming a directory takes every file under it), or an explicit roster file of
-relative paths. A checkpoint's custody sha256 is reused while its size, mtime and inode still match
-the record; anything else is hashed now (4 MiB reads).
+The roster is every live checkpoint unit in rgt/manifest.jsonl (its newest record per path, minus
+the units the job itself rotated away: a removal line by "job", see onbox.manifest), expanded to its
+files (kind "checkpoint", each naming its "unit"), plus the declared includes: glob patterns
+relative to the run dir (`**` spans directories, `*` and `?` stay within one; a pattern naming a
+directory takes every file under it), or an explicit roster file of relative paths. A unit recorded
+outside the run dir is listed under its place's link rgt/external/<name>-<8 hex> (made here when
+missing; see onbox.ckptunits), its files checked to resolve inside that recorded place. The
+rotated units go to the optional top-level "removed" list: gone on purpose, not missing. A
+checkpoint's custody sha256 is reused while its size, mtime and inode still match the record;
+anything else is hashed now (4 MiB reads).
 
-It fails closed: a recorded checkpoint that is missing, a roster entry that is missing, an explicit
+It fails closed: a recorded checkpoint file that is missing (a unit removed by anything but the
+job's rotation among them), a roster entry that is missing, an explicit
 include that matches nothing, or any path that leads out of the run dir (`..`, a symlink pointing
 outside) raises ManifestError and nothing is written. Never listed: rgt/sock/, the manifest itself,
 temporary names (*.tmp, *.partial, dotfiles: `onbox.ckptcheck.is_temporary`).
@@ -21,12 +27,13 @@ import json
 import os
 import re
 import stat
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from protocol.pull import FILENAME, SCHEMA, VERSION, manifest_digest
 
-from . import manifest
+from . import ckptunits, manifest
 from .ckptcheck import is_temporary
 from .errors import OnboxError
 from .fsutil import write_atomic
@@ -38,6 +45,9 @@ DEFAULT_INCLUDES: Tuple[str, ...] = ("metrics.jsonl", "run.json", "train.log", "
 MANIFEST_REL = f"rgt/{FILENAME}"
 GATE_SCHEMA = "rgt.gate_view"
 _HASH_TRIES = 3
+MAX_REMOVED = 5000
+MAX_GATE_ENTRIES = 200_000
+_SKIP_SCAN = frozenset({"__pycache__", "node_modules", "site-packages", "venv", ".venv", "wandb", "rgt"})
 _MAGIC = re.compile(r"[*?\[]")
 
 
@@ -49,7 +59,10 @@ class ManifestError(OnboxError):
 
 
 def _excluded(rel: str) -> bool:
-    return rel == MANIFEST_REL or rel == "rgt/sock" or rel.startswith("rgt/sock/") or is_temporary(rel)
+    """Never listed by an include: the socket dir, this manifest, temporary names, and the links to
+    places outside the run dir (their units are listed as checkpoints, from their records)."""
+    return (rel == MANIFEST_REL or rel in ("rgt/sock", ckptunits.EXTERNAL) or rel.startswith("rgt/sock/")
+            or rel.startswith(ckptunits.EXTERNAL + "/") or is_temporary(rel))
 
 
 def _clean_rel(text: str, what: str) -> str:
@@ -218,27 +231,100 @@ def newest_records(run_dir: Path) -> Dict[str, manifest.Record]:
     return out
 
 
+def live_records(run_dir: Path) -> Tuple[Dict[str, manifest.Record], List[manifest.Removal]]:
+    """The newest record per unit minus the units the job removed (rotation), and those removals."""
+    rems = manifest.removals(run_dir)
+    live: Dict[str, manifest.Record] = {}
+    gone: List[manifest.Removal] = []
+    for path, rec in newest_records(run_dir).items():
+        rem = manifest.removal_of(rec, rems)
+        if rem is not None and rem.by == "job":
+            gone.append(rem)
+        else:
+            live[path] = rec
+    return live, gone
+
+
+def _pull_rel(root: Path, rec: manifest.Record) -> str:
+    """A recorded unit's path in the pull (see onbox.ckptunits: outside units under rgt/external/)."""
+    if not os.path.isabs(rec.path):
+        return _clean_rel(rec.path, "recorded checkpoint")
+    rel = ckptunits.in_pull_path(root, rec.path, rec.root)
+    if rel is None:
+        raise ManifestError(f"recorded checkpoint {rec.path} lies outside the run dir and outside "
+                            f"its recorded place {rec.root!r}")
+    try:
+        ckptunits.ensure_link(root, str(rec.root))
+    except OSError:
+        pass  # a sealed run: the link made when it was recorded is checked below
+    return _clean_rel(rel, "recorded checkpoint")
+
+
+def _resolve(root: Path, rel: str, rec: manifest.Record) -> Path:
+    """The path of a recorded unit's file: inside the run dir, or inside the unit's own place."""
+    if rec.root is None or not os.path.isabs(rec.path):
+        return _inside(root, rel, "recorded checkpoint")
+    path = root / rel
+    real, place = os.path.realpath(path), os.path.realpath(rec.root)
+    if not (real == place or real.startswith(place.rstrip("/") + "/")):
+        raise ManifestError(f"recorded checkpoint {rel} leads out of its place {place}; refusing to list it")
+    return path
+
+
+def _unit_files(rec: manifest.Record, rel: str) -> List[Tuple[str, Optional[Tuple[int, int, int]], str]]:
+    """(pull path, recorded key, recorded sha256) of every file of a unit."""
+    if rec.kind != manifest.DIR:
+        return [(rel, rec.key, rec.sha256)]
+    return [(_clean_rel(f"{rel}/{f.path}", "recorded file"), f.key, f.sha256) for f in rec.files]
+
+
 def _checkpoint_entries(root: Path) -> List[Dict[str, Any]]:
     entries, missing = [], []
-    for rel, rec in sorted(newest_records(root).items()):
-        clean = _clean_rel(rel, "recorded checkpoint")
-        if not os.path.lexists(root / clean):
-            missing.append(clean)
-            continue
-        path = _inside(root, clean, "recorded checkpoint")
-        if not path.is_file():
-            raise ManifestError(f"recorded checkpoint {clean} is not a regular file")
-        entry: Dict[str, Any] = {"path": clean, "kind": "checkpoint", "step": rec.step}
-        if rec.matches(root):
-            entry.update(size=rec.size, sha256=rec.sha256, hashed="custody")
-        else:
-            sha, size = sha256_file(path)
-            entry.update(size=size, sha256=sha, hashed="now")
-        entries.append(entry)
+    live, _ = live_records(root)
+    for _, rec in sorted(live.items()):
+        unit = _pull_rel(root, rec)
+        for rel, key, digest in _unit_files(rec, unit):
+            path = root / rel
+            if not os.path.lexists(path):
+                missing.append(rel)
+                continue
+            path = _resolve(root, rel, rec)
+            try:
+                st = os.stat(path)
+            except OSError:
+                st = None
+            if st is None or not stat.S_ISREG(st.st_mode):
+                raise ManifestError(f"recorded checkpoint {rel} is not a regular file")
+            entry: Dict[str, Any] = {"path": rel, "kind": "checkpoint", "step": rec.step, "unit": unit}
+            if (st.st_size, st.st_mtime_ns, st.st_ino) == key:
+                entry.update(size=st.st_size, sha256=digest, hashed="custody")
+            else:
+                sha, size = sha256_file(path)
+                entry.update(size=size, sha256=sha, hashed="now")
+            entries.append(entry)
     if missing:
         shown = ", ".join(missing[:20]) + (f" (+{len(missing) - 20} more)" if len(missing) > 20 else "")
         raise ManifestError(f"{len(missing)} checkpoint(s) in rgt/manifest.jsonl are missing: {shown}")
     return entries
+
+
+def removed_entries(root: Path, only_job: bool = True) -> List[Dict[str, Any]]:
+    """The removals that apply to the newest records (by the job only, unless `only_job` is off),
+    newest first, at most MAX_REMOVED, with their units' pull paths."""
+    rems = manifest.removals(root)
+    out: List[Dict[str, Any]] = []
+    for rec in newest_records(root).values():
+        rem = manifest.removal_of(rec, rems)
+        if rem is None or (only_job and rem.by != "job"):
+            continue
+        try:
+            unit = _pull_rel(root, rec)
+        except ManifestError:
+            continue
+        out.append({"path": unit, "sha256": rem.sha256, "by": rem.by, "reason": rem.reason[:500],
+                    "ts": rem.ts, "step": rec.step})
+    out.sort(key=lambda e: (-e["ts"], e["path"]))
+    return out[:MAX_REMOVED]
 
 
 def _include_paths(root: Path, includes: Sequence[str], extra: Sequence[str],
@@ -288,6 +374,9 @@ def build_manifest(run_dir: Path, includes: Sequence[str] = DEFAULT_INCLUDES, ro
         "created_at": utc_iso(), "host": host or str(meta.get("host") or os.uname().nodename.split(".")[0]),
         "files": files, "total_bytes": sum(e["size"] for e in files),
     }
+    removed = removed_entries(root)
+    if removed:
+        doc["removed"] = removed
     doc["sha256"] = manifest_digest(doc)
     return doc
 
@@ -307,6 +396,22 @@ def write_manifest(run_dir: Path, includes: Sequence[str] = DEFAULT_INCLUDES, ro
                                                  extra_includes=extra_includes))
 
 
+def _listed(root: Path, rel: str) -> Path:
+    """A listed file's path: inside the run dir, or (rgt/external/<place>/...) inside that place."""
+    parts = rel.split("/")
+    if rel.startswith(ckptunits.EXTERNAL + "/") and len(parts) > 3:
+        link = root.joinpath(*parts[:3])
+        try:
+            place = os.path.realpath(os.readlink(link))
+        except OSError as e:
+            raise ManifestError(f"{rel}: no link to its place at {link}: {e}") from e
+        real = os.path.realpath(root / rel)
+        if not real.startswith(place.rstrip("/") + "/"):
+            raise ManifestError(f"listed file {rel} leads out of its place {place}; refusing it")
+        return root / rel
+    return _inside(root, rel, "listed file")
+
+
 def check_files(run_dir: Path, doc: Dict[str, Any]) -> List[str]:
     """Hash every listed file again; one line per file that is missing or differs (empty: all match)."""
     root = Path(os.path.realpath(run_dir))
@@ -314,7 +419,7 @@ def check_files(run_dir: Path, doc: Dict[str, Any]) -> List[str]:
     for entry in doc.get("files", []):
         rel = entry["path"]
         try:
-            sha, size = sha256_file(_inside(root, _clean_rel(rel, "listed file"), "listed file"))
+            sha, size = sha256_file(_listed(root, _clean_rel(rel, "listed file")))
         except (OSError, ManifestError) as e:
             problems.append(f"{rel}: {e}")
             continue
@@ -345,42 +450,125 @@ def ckpt_dir_of(run_dir: Path) -> Path:
     return p
 
 
-def gate_view(run_dir: Path) -> Dict[str, Any]:
-    """What the box holds now: every recorded checkpoint (newest record per path), plus checkpoint
-    files no record covers ("unrecorded": no record, or changed since its record), recorded ones
-    that are gone ("missing"), and temporary files in the checkpoint dir ("partials")."""
-    root = Path(os.path.realpath(run_dir))
-    records = newest_records(root)
-    ckpt_dir = Path(os.path.realpath(ckpt_dir_of(root)))
-    checkpoints = {rel: {"sha256": r.sha256, "size": r.size, "step": r.step} for rel, r in records.items()}
-    missing = sorted(rel for rel in records if not os.path.lexists(root / rel))
-    unrecorded: List[Dict[str, Any]] = []
-    partials: List[str] = []
-    for base, dirs, files in os.walk(ckpt_dir):
-        dirs.sort()
+def _started_at(meta: Dict[str, Any]) -> Optional[float]:
+    value = meta.get("started_at")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def _walk_files(top: Path, max_depth: int, budget: List[int],
+                skip: bool = True) -> Iterator[Tuple[str, os.stat_result]]:
+    """(path, stat) of the regular files under `top`, sorted, bounded in depth and in entries;
+    `skip`: never into hidden, virtualenv or cache directories."""
+    for base, dirs, files in os.walk(top):
+        depth = os.path.relpath(base, top).count(os.sep) + (0 if base == str(top) else 1)
+        dirs[:] = sorted(d for d in dirs
+                         if depth < max_depth and not (skip and (d.startswith(".") or d in _SKIP_SCAN)))
+        budget[0] -= len(files) + len(dirs)
+        if budget[0] < 0:
+            return
         for name in sorted(files):
             full = os.path.join(base, name)
-            rel = os.path.relpath(full, root).replace(os.sep, "/")
-            if is_temporary(os.path.relpath(full, ckpt_dir)):
-                partials.append(rel)
-                continue
             try:
-                st = os.stat(full)
+                st = os.stat(full, follow_symlinks=False)
             except OSError:
                 continue
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            rec = records.get(rel)
-            if rec is None or rec.key != (st.st_size, st.st_mtime_ns, st.st_ino):
-                unrecorded.append({"path": rel, "size": st.st_size,
-                                   "reason": "no_record" if rec is None else "changed"})
+            if stat.S_ISREG(st.st_mode):
+                yield full, st
+
+
+def _checkpoint_like(rel: str, st: os.stat_result) -> bool:
+    parts = rel.split("/")
+    in_unit = any(ckptunits.is_unit_dir(p) or p.startswith("checkpoint-") for p in parts[:-1])
+    return st.st_size > 0 and (ckptunits.is_weight_name(parts[-1]) or in_unit)
+
+
+def gate_view(run_dir: Path) -> Dict[str, Any]:
+    """What the box holds now, by the paths a pull uses:
+
+    - "checkpoints": every file of every live recorded unit (newest record per unit, minus those the
+      job rotated away): {pull path: {"sha256", "size", "step", "unit"}};
+    - "missing": pull paths of those files that are gone (a unit removed by "other" stays here);
+    - "removed": the units removed since they were recorded ({"path", "sha256", "by", "reason",
+      "ts", "step"}; by "job" is rotation, gone on purpose);
+    - "unrecorded": files no record covers ({"path", "size", "reason"}): in a watched place, any file
+      of the checkpoint dir or a checkpoint-like file of another place ("no_record" or "changed");
+      under the job's cwd, checkpoint-like files (*.pt *.pth *.bin *.ckpt *.safetensors, files under
+      checkpoint-*/ and other unit dirs) written since the run started and outside every watched
+      place ("outside_watch": the job wrote where custody did not look; `path` is absolute when it
+      lies outside the run dir);
+    - "partials": temporary files in watched places."""
+    root = Path(os.path.realpath(run_dir))
+    live, _ = live_records(root)
     meta = _meta(root)
+    ckpt_dir = Path(os.path.realpath(ckpt_dir_of(root)))
+    checkpoints: Dict[str, Dict[str, Any]] = {}
+    keys: Dict[str, Optional[Tuple[int, int, int]]] = {}
+    missing: List[str] = []
+    for _, rec in sorted(live.items()):
+        try:
+            unit = _pull_rel(root, rec)
+        except ManifestError:
+            continue
+        for rel, key, digest in _unit_files(rec, unit):
+            checkpoints[rel] = {"sha256": digest, "size": key[0] if key else 0, "step": rec.step,
+                                "unit": unit}
+            keys[rel] = key
+            if not os.path.lexists(root / rel):
+                missing.append(rel)
+    places = [(ckpt_dir, True)] + [(Path(os.path.realpath(p)), False) for p in ckptunits.read_places(root)]
+    unrecorded: List[Dict[str, Any]] = []
+    partials: List[str] = []
+    budget = [MAX_GATE_ENTRIES]
+    for place, every in places:
+        inside = place == root or root in place.parents
+        base = os.path.relpath(place, root) if inside else ckptunits.external_rel(str(place))
+        for full, st in _walk_files(place, 64, budget, skip=False):
+            sub = os.path.relpath(full, place).replace(os.sep, "/")
+            rel = f"{base}/{sub}".replace(os.sep, "/")
+            if is_temporary(sub):
+                partials.append(rel)
+            elif every or _checkpoint_like(sub, st):
+                if rel not in keys or keys[rel] != (st.st_size, st.st_mtime_ns, st.st_ino):
+                    unrecorded.append({"path": rel, "size": st.st_size,
+                                       "reason": "no_record" if rel not in keys else "changed"})
+    unrecorded += _outside_watch(root, meta, [p for p, _ in places], keys)
     return {"schema": GATE_SCHEMA, "version": 1, "run_id": str(meta.get("id") or root.name),
             "run_dir": str(root), "at": utc_iso(),
             "ckpt_dir": os.path.relpath(ckpt_dir, root).replace(os.sep, "/"),
-            "checkpoints": checkpoints, "unrecorded": unrecorded, "missing": missing, "partials": partials}
+            "checkpoints": checkpoints, "unrecorded": unrecorded, "missing": sorted(missing),
+            "partials": partials, "removed": removed_entries(root, only_job=False)}
+
+
+def _outside_watch(root: Path, meta: Dict[str, Any], places: List[Path],
+                   keys: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Checkpoint-like files the job wrote under its cwd where no place is watched."""
+    cwd = meta.get("cwd")
+    if not isinstance(cwd, str) or not cwd.startswith("/") or not os.path.isdir(cwd):
+        return []
+    top = Path(os.path.realpath(cwd))
+    since = _started_at(meta)
+    out: List[Dict[str, Any]] = []
+    for full, st in _walk_files(top, 4, [MAX_GATE_ENTRIES]):
+        path = Path(full)
+        if any(p == path or p in path.parents for p in places) or (root / "rgt") in path.parents:
+            continue
+        if since is not None and st.st_mtime < since - 1:
+            continue  # there before the run started: not the job's output
+        inside = root in path.parents
+        rel = os.path.relpath(full, root).replace(os.sep, "/") if inside else full
+        if _checkpoint_like(os.path.relpath(full, top).replace(os.sep, "/"), st) and rel not in keys:
+            out.append({"path": rel, "size": st.st_size, "reason": "outside_watch"})
+    return out
 
 
 __all__ = ["CHUNK", "DEFAULT_INCLUDES", "MANIFEST_REL", "ManifestError", "build_manifest", "check_files",
-           "ckpt_dir_of", "gate_view", "glob_regex", "match_include", "newest_records", "read_roster",
+           "ckpt_dir_of", "gate_view", "glob_regex", "live_records", "match_include", "newest_records",
+           "read_roster", "removed_entries",
            "save_manifest", "sha256_file", "write_manifest"]

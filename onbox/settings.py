@@ -89,9 +89,12 @@ def training_config(run_dir: Path, watch: Mapping[str, Any], job_pid: Optional[i
     return cfg
 
 
-def custody_config(run_dir: Path, watch: Mapping[str, Any]) -> CustodyConfig:
+def custody_config(run_dir: Path, watch: Mapping[str, Any], job_pid: Optional[int] = None) -> CustodyConfig:
+    """Custody of the run's checkpoint dir plus where the job writes: its cwd (run.json "cwd") and
+    the files its processes (`job_pid`: the wrapper or the job, and their descendants) hold open."""
     cfg = CustodyConfig(run_dir=Path(run_dir), ckpt_dir=_path(run_dir, watch.get("ckpt_dir")),
-                        durable_dir=_path(run_dir, watch.get("durable_dir")), job_cwd=job_cwd(run_dir))
+                        durable_dir=_path(run_dir, watch.get("durable_dir")), job_cwd=job_cwd(run_dir),
+                        job_pid=job_pid)
     if watch.get("durable_policy"):
         if watch["durable_policy"] not in ("all", "last"):
             raise ConfigError("durable_policy must be 'all' or 'last'")

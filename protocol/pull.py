@@ -10,7 +10,14 @@
 
 `path` is POSIX and relative to the run dir; `hashed` says whether the sha256 came from the custody
 record ("custody": the file's size, mtime and inode still match it) or was computed while the
-manifest was built ("now"). `sha256` (top level) is the SHA-256 of the canonical JSON of every other
+manifest was built ("now"). A checkpoint entry may name its `unit` (the directory or file a
+framework saved at once; a file of a directory unit lies under it); a unit recorded outside the run
+dir is listed under rgt/external/ (see onbox.ckptunits). The optional top-level `removed` lists
+units the job itself rotated away after they were recorded (HF save_total_limit, Lightning
+save_top_k), at most MAX_REMOVED: {"path": <unit, checked like a file path>, "sha256": <the
+unit's>, "by": "job" | "other", "reason": <at most 500 chars>, "ts": <unix seconds>, "step": <int
+or null>}; they are gone on purpose, not missing, and never also listed as files. `sha256` (top
+level) is the SHA-256 of the canonical JSON of every other
 field (`canonical_bytes`), so a manifest proves its own integrity whatever its on-disk formatting.
 
 Standard library only: `onbox` writes it, `controller` verifies against it.
@@ -21,7 +28,7 @@ import hashlib
 import json
 import re
 from pathlib import PurePosixPath
-from typing import Any, Mapping
+from typing import Any, Mapping, Set
 
 from .errors import ProtocolError
 
@@ -30,6 +37,8 @@ VERSION = 1
 FILENAME = "PULL_MANIFEST.json"
 KINDS = ("checkpoint", "include")
 HASHED = ("custody", "now")
+REMOVED_BY = ("job", "other")
+MAX_REMOVED = 10_000
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -87,12 +96,45 @@ def check_manifest(doc: Any) -> None:
         step = entry.get("step")
         if step is not None and not _int(step):
             raise ProtocolError(f"bad step for {path!r:.200}")
+        unit = entry.get("unit")
+        if unit is not None and (not isinstance(unit, str) or _bad_path(unit)
+                                 or not (path == unit or path.startswith(unit + "/"))):
+            raise ProtocolError(f"bad unit for {path!r:.200}")
         total += size
+    _check_removed(doc.get("removed"), seen)
     if doc.get("total_bytes") != total or not _int(doc.get("total_bytes")):
         raise ProtocolError(f"manifest total_bytes {doc.get('total_bytes')!r:.30} is not the sum {total}")
     sha = doc.get("sha256")
     if not isinstance(sha, str) or sha != manifest_digest(doc):
         raise ProtocolError("manifest sha256 does not match its content")
+
+
+def _check_removed(removed: Any, listed: Set[str]) -> None:
+    """The optional "removed" list: units the job rotated away (gone on purpose, not missing)."""
+    if removed is None:
+        return
+    above = {"/".join(p.split("/")[:i]) for p in listed for i in range(1, p.count("/") + 2)}
+    if not isinstance(removed, list) or len(removed) > MAX_REMOVED:
+        raise ProtocolError(f"manifest field 'removed' must be a list of at most {MAX_REMOVED} entries")
+    for item in removed:
+        if not isinstance(item, dict):
+            raise ProtocolError("a removed entry is an object")
+        path = item.get("path")
+        if not isinstance(path, str) or _bad_path(path):
+            raise ProtocolError(f"bad removed path {path!r:.200}")
+        if path in above:
+            raise ProtocolError(f"{path!r:.200} is listed both as removed and as a file")
+        if not isinstance(item.get("sha256"), str) or not _HEX64.match(item["sha256"]):
+            raise ProtocolError(f"bad sha256 for removed {path!r:.200}")
+        if item.get("by") not in REMOVED_BY:
+            raise ProtocolError(f"bad 'by' for removed {path!r:.200}")
+        reason, ts, step = item.get("reason"), item.get("ts"), item.get("step")
+        if not isinstance(reason, str) or len(reason) > 500:
+            raise ProtocolError(f"bad reason for removed {path!r:.200}")
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not 0 <= ts < 1e11:
+            raise ProtocolError(f"bad ts for removed {path!r:.200}")
+        if step is not None and not _int(step):
+            raise ProtocolError(f"bad step for removed {path!r:.200}")
 
 
 def is_temporary(rel: str) -> bool:

@@ -108,7 +108,13 @@ def assert_manifest_true(run: Path) -> List[manifest.Record]:
     lines = (run / "rgt" / "manifest.jsonl").read_text().splitlines()
     assert len(lines) == len(records), "a torn or foreign line in the manifest"
     for record in records:
-        if record.matches(run):
+        if record.matches(run) and record.kind == "dir":
+            where = run / record.path
+            lines = sorted(f"{f.path}\0{f.size}\0{sha256(where / f.path)}\n" for f in record.files)
+            assert all(sha256(where / f.path) == f.sha256 for f in record.files), record
+            assert hashlib.sha256("".join(lines).encode()).hexdigest() == record.sha256, record
+            assert record.size == sum(f.size for f in record.files)
+        elif record.matches(run):
             assert sha256(run / record.path) == record.sha256, record
     return records
 
@@ -250,14 +256,16 @@ def test_rename_from_another_dir_and_a_directory_rename(custody: Factory, tmp_pa
     save_atomic(staged / "model.pt", state(5))
     (staged / "trainer_state.json").write_text(json.dumps({"global_step": 5}))
     os.rename(staged, h.ckpt / "checkpoint-5")
-    h.events.wait_for("ckpt.saved", 3)
+    h.events.wait_for("ckpt.saved", 2)
     h.idle()
     by_path = {d["path"]: d for d in h.events.of("ckpt.saved")}
-    assert set(by_path) == {"checkpoints/step3.pt", "checkpoints/checkpoint-5/model.pt",
-                            "checkpoints/checkpoint-5/trainer_state.json"}
+    assert set(by_path) == {"checkpoints/step3.pt", "checkpoints/checkpoint-5"}  # one unit, one record
     assert by_path["checkpoints/step3.pt"]["via"] == "rename"
-    assert by_path["checkpoints/checkpoint-5/model.pt"]["step"] == 5
-    assert by_path["checkpoints/checkpoint-5/trainer_state.json"]["format"] == "other"
+    unit = by_path["checkpoints/checkpoint-5"]
+    assert (unit["via"], unit["kind"], unit["step"], unit["files"], unit["format"]) == (
+        "rename", "dir", 5, 2, "hf")
+    assert not h.events.of("ckpt.suspect")
+    assert manifest.newest_good(h.run) == h.ckpt / "checkpoint-5"
     assert_manifest_true(h.run)
 
 

@@ -243,7 +243,7 @@ def test_gate_view_lists_unrecorded_changed_missing_and_partial(run_dir: Path) -
     view = gate_view(run_dir)
     assert view["unrecorded"] == [] and view["missing"] == ["checkpoints/step000030.bin"]
     assert view["checkpoints"]["checkpoints/step000010.bin"] == {
-        "sha256": sha(b"weights-10" * 100), "size": 1000, "step": 10}
+        "sha256": sha(b"weights-10" * 100), "size": 1000, "step": 10, "unit": "checkpoints/step000010.bin"}
     assert view["ckpt_dir"] == "checkpoints" and view["run_id"] == "run-1"
 
     (ck / "step000040.bin").write_bytes(b"40")                  # written after the pull
