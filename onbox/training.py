@@ -1,7 +1,10 @@
-"""The training-signal monitor of one run: metrics.jsonl and train.log -> detectors -> emit.
+"""The training-signal monitor of one run: metrics.jsonl, train.log, framework files -> detectors -> emit.
 
 `TrainingMonitor` tails <run>/metrics.jsonl and <run>/train.log every `tail_s` (a stat, then only
-the new bytes), feeds each parsed line to the pure detectors in `onbox.detectors.training`, judges
+the new bytes), follows the files frameworks write by default under the job's cwd
+(`onbox.sources.jobfiles`: Hugging Face trainer_state.json, Lightning metrics.csv, TensorBoard
+event files; sources "hfstate", "csv", "tfevents"), feeds each parsed record to the pure detectors
+in `onbox.detectors.training`, judges
 stalls with the GPU use from `gpu_util` and the checkpoint writes the custody code reports through
 `note_checkpoint`, and hands every finding to `emit(kind, data, sev)`. It runs on the sidecar's
 scheduler (`jobs()`); `note_checkpoint` may come from another thread (one lock guards the state;
@@ -9,7 +12,16 @@ events are emitted outside it).
 
 One value, one source: a scalar name (and the step, and the epoch) is taken from the first source
 that gave it, and the other source's values for it are ignored. So a job that writes the loss to
-both files is judged once, and a block-buffered train.log cannot replay stale values.
+both files is judged once, and a block-buffered train.log cannot replay stale values. Owners are
+saved with the state. A step that advances in a source that does not own the step still counts as
+progress for the stall detector (a Rich bar in a non-TTY prints nothing, metrics.csv moves); so
+does the growth of any followed file as activity.
+
+Grad norms (`is_grad_norm_name`) are watched for NaN/Inf by default, through `GradNormGate`: an
+isolated non-finite one (fp16 loss scaling) does not wake; one that persists, or comes with a
+non-finite or frozen loss, is `train.nonfinite` with ``reason``. Naming the grad norm in `watch`
+judges it as any watched scalar (at once). `train.progress` carries ``total_steps`` and ``eta_s``
+when a total is known (`expected_steps`, else a progress bar's or trainer_state.json's total).
 
 Times: lines are dated by their file's mtime (read with the stat the tail makes anyway), clamped to
 the span since the previous poll, so step intervals and idle times are not rounded up to `tail_s`.
@@ -19,11 +31,12 @@ brought), so a block-buffered log gets the budget of its flushes, not of its ste
 Sidecar restarts: <run>/rgt/training_state.json (written atomically, at once after an event and
 otherwise at most every `state_every_s`) keeps the tails' positions, the high-water step and epoch,
 the recent step intervals, what is active (non-finite names, zero metrics, stall, slow) and the
-bad-line counts. A new sidecar resumes each tail at its saved position, so old lines are not
-judged again, and compares new steps with the saved high-water mark. Without a usable position (no
-state file, or the file was replaced), the existing lines (the newest `history_bytes`) are replayed
-quietly to rebuild that state; then only what still holds is reported, marked ``replayed: true``:
-a name still non-finite, a metric still at zero, and the last restart found.
+bad-line counts. A new sidecar resumes each tail (and each framework file) at its saved position,
+so old lines are not judged again, and compares new steps with the saved high-water mark. Without
+a usable position (no state file, or the file was replaced), the existing lines (the newest
+`history_bytes`) are replayed quietly to rebuild that state; then only what still holds is
+reported, marked ``replayed: true``: a name still non-finite, a metric still at zero, and the last
+restart found.
 
 New job attempts: when `job_key` differs from the saved one (a relaunched job, served by a new
 sidecar), or `on_job_start()` is called, the job is judged afresh: the start-up grace applies
@@ -40,6 +53,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -48,6 +62,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from onbox.detectors.hysteresis import Finding
 from onbox.detectors.training import (
+    GradNormGate,
     LossSpikeDetector,
     MetricZeroDetector,
     NonfiniteDetector,
@@ -57,9 +72,11 @@ from onbox.detectors.training import (
     SlowDetector,
     StallDetector,
     TrainingThresholds,
+    is_grad_norm_name,
     is_loss_name,
 )
 from onbox.jobs import FunctionJob, PeriodicJob
+from onbox.sources.jobfiles import JobFiles
 from onbox.sources.metrics import MetricsSource, Record, SourceRead
 from onbox.sources.trainlog import LogSource
 
@@ -67,7 +84,7 @@ log = logging.getLogger(__name__)
 
 Emit = Callable[[str, Mapping[str, Any], Optional[str]], Any]
 STATE_FILE = "training_state.json"
-STATE_VERSION = 1
+STATE_VERSION = 1   # keys are only ever added (an older sidecar ignores them); bump when one changes meaning
 _STEP, _EPOCH = "@step", "@epoch"   # ownership keys of the counters (never a scalar name)
 
 
@@ -90,6 +107,7 @@ class TrainingConfig:
     resume_step: Optional[int] = None         # a run resumed elsewhere starts from this step (see the doc)
     job_cwd: Optional[Path] = None            # the job's working directory (frameworks write under it)
     state_every_s: float = 5.0
+    scan_s: float = 5.0                       # re-scan of job_cwd for framework files
     gpu_every_s: float = 1.0                  # gpu_util() is called at most this often
     metrics_history_bytes: int = 8 << 20
     log_history_bytes: int = 2 << 20
@@ -125,6 +143,8 @@ def _int(value: Any) -> Optional[int]:
 
 
 Source = Union[MetricsSource, LogSource]
+SOURCE_NAMES = ("metrics", "log", "hfstate", "csv", "tfevents")
+OLD_FILE_SLACK_S = 2.0   # a framework file older than the run's start by this much is not judged
 
 
 class TrainingMonitor:
@@ -151,9 +171,14 @@ class TrainingMonitor:
         self._log = LogSource(config.log_path or self.run_dir / "train.log", config.log_regex,
                               history_bytes=config.log_history_bytes)
         self._sources: Tuple[Source, ...] = (self._metrics, self._log)
+        self._files = JobFiles(config.job_cwd, scan_s=config.scan_s, monotonic=monotonic)
         self._lock = threading.RLock()
         self._owner: Dict[str, str] = {}
-        self._bad_reported: Dict[str, bool] = {s.name: False for s in self._sources}
+        self._bad_reported: Dict[str, bool] = {name: False for name in SOURCE_NAMES}
+        self._gates: Dict[str, GradNormGate] = {}
+        self._loss_now: Optional[float] = None
+        self._loss_prev: Optional[float] = None
+        self._source_step: Dict[str, int] = {}
         self._spikes: Dict[str, LossSpikeDetector] = {}
         self._util_at: Optional[float] = None
         self._util: Optional[float] = None
@@ -203,6 +228,15 @@ class TrainingMonitor:
                 else:
                     findings += self._replay(got.records, now)
                 findings += self._report_bad(src)
+            for name in state.get("files_bad_reported") or []:
+                if name in ("hfstate", "csv", "tfevents"):
+                    self._bad_reported[name] = True
+            since = self._run_started_at - OLD_FILE_SLACK_S
+            for name, (history, live) in self._files.start(_dict(state.get("files")), since).items():
+                findings += self._replay(history.records, now)
+                for record in live.records:
+                    findings += self._process(record, now, timing=False)
+                findings += self._report_bad_files(name)
             self._save(now)
         self._emit_all(findings)
 
@@ -228,6 +262,12 @@ class TrainingMonitor:
                                        self.config.expected_seconds)
         self._short.observe(_int(state.get("last_step")))
         self._last_step, self._last_epoch = self._stall.step, self._stall.epoch
+        self._owner = {str(k): str(v) for k, v in _dict(state.get("owners")).items()}
+        self._progress.total = self.config.expected_steps or _int(state.get("total_steps"))
+        bar = _dict(_dict(_dict(state.get("tails")).get("log")).get("bar")) if same_job else {}
+        parser = self._log.parser
+        parser.bar_total, parser.bar_last = _int(bar.get("total")), _int(bar.get("last"))
+        parser.bar_done = bar.get("done") is True
 
     def jobs(self) -> List[PeriodicJob]:
         """The periodic work for the sidecar's scheduler: one tail-and-judge job."""
@@ -269,6 +309,8 @@ class TrainingMonitor:
             findings: List[Finding] = []
             for src in self._sources:
                 findings += self._handle(src, src.drain(), now)
+            for name, got in self._files.poll(force=True).items():
+                findings += self._handle_files(name, got, now)
             self._polled_at = now
             findings += self._short.on_job_exit(self._clock(), code)
             self._stall.disarm()
@@ -285,6 +327,8 @@ class TrainingMonitor:
             self._nonfinite.active.clear()
             self._zero.active.clear()
             self._spikes.clear()
+            self._gates.clear()
+            self._log.parser.new_attempt()
             self._job_exited = False
             self._short.reported = False
             self._job_key = job_key if job_key is not None else self._job_key
@@ -297,13 +341,15 @@ class TrainingMonitor:
             return {
                 "step": self._progress.step, "epoch": self._progress.epoch,
                 "steps_per_s": self._progress.snapshot(now)["steps_per_s"],
+                "total_steps": self._progress.total, "eta_s": self._progress.eta_s(),
                 "data_age_s": self._progress.data_age_s(now),
                 "stalled": self._stall.stalled, "stall_budget_s": round(self._stall.budget_s(), 2),
                 "slow": self._slow.active, "nonfinite": sorted(self._nonfinite.active),
                 "metric_zero": sorted(self._zero.active),
                 "loss_spike": sorted(n for n, d in self._spikes.items() if d.active),
                 "restarts": self._restart.restarts, "job_exited": self._job_exited,
-                "bad_lines": {s.name: s.bad_lines for s in self._sources},
+                "bad_lines": {**{s.name: s.bad_lines for s in self._sources},
+                              **{n: b[0] for n, b in self._files.bad().items()}},
             }
 
     # ---- reading ------------------------------------------------------------------------------
@@ -312,6 +358,8 @@ class TrainingMonitor:
         out: List[Finding] = []
         for src in self._sources:
             out += self._handle(src, src.poll(), now)
+        for name, got in self._files.poll().items():
+            out += self._handle_files(name, got, now)
         self._polled_at = now
         return out
 
@@ -324,14 +372,20 @@ class TrainingMonitor:
         return now - min(max(lag, 0.0), max(0.0, now - self._polled_at))
 
     def _handle(self, src: Source, got: SourceRead, now: float) -> List[Finding]:
+        return self._judge_read(src.name, got, now) + self._report_bad(src)
+
+    def _handle_files(self, name: str, got: SourceRead, now: float) -> List[Finding]:
+        return self._judge_read(name, got, now) + self._report_bad_files(name)
+
+    def _judge_read(self, name: str, got: SourceRead, now: float) -> List[Finding]:
         out: List[Finding] = []
         at = self._written_at(got, now)
         if got.new_bytes:
             self._dirty = True
-            out += self._stall.note_activity(at, src.name)
+            out += self._stall.note_activity(at, name)
         for record in got.records:
             out += self._process(record, at)
-        return out + self._report_bad(src)
+        return out
 
     def _owns(self, source: str, key: str) -> bool:
         return self._owner.setdefault(key, source) == source
@@ -342,6 +396,13 @@ class TrainingMonitor:
         step = rec.step if rec.step is not None and self._owns(rec.source, _STEP) else None
         epoch = rec.epoch if rec.epoch is not None and self._owns(rec.source, _EPOCH) else None
         scalars = {n: v for n, v in rec.scalars.items() if self._owns(rec.source, n.lower())}
+        if rec.total and not self.config.expected_steps:
+            self._progress.total = rec.total
+        if rec.step is not None and step is None:
+            out += self._foreign_step(rec, now)
+        loss = self._primary_loss(scalars)
+        if loss is not None:
+            self._loss_prev, self._loss_now = self._loss_now, loss
         if step is not None or epoch is not None:
             out += self._restart.update(step, epoch)
             advanced = (step is not None and step != self._last_step) or (
@@ -355,6 +416,9 @@ class TrainingMonitor:
         at_epoch = epoch if epoch is not None else self._last_epoch
         for name, value in scalars.items():
             low = name.lower()
+            if is_grad_norm_name(low) and low not in self._watch:
+                out += self._grad_norm(name, value, at_step, at_epoch, rec.source)
+                continue
             if low in self._watch or is_loss_name(low):
                 out += self._nonfinite.update(name, value, at_step, at_epoch, rec.source)
             if low in self._losses:
@@ -367,6 +431,36 @@ class TrainingMonitor:
             self._progress.observe(now, step, epoch, scalars)
         return out
 
+    def _foreign_step(self, rec: Record, now: float) -> List[Finding]:
+        """A step from a source that does not own the step: progress when it advanced."""
+        assert rec.step is not None
+        last = self._source_step.get(rec.source)
+        self._source_step[rec.source] = rec.step
+        if last is None or rec.step <= last:
+            return []
+        return self._stall.note_progress(now, rec.source)
+
+    def _primary_loss(self, scalars: Mapping[str, float]) -> Optional[float]:
+        """The training loss of a record: the first watched loss name, else a loss-like name that is
+        not an evaluation's."""
+        lower = {n.lower(): v for n, v in scalars.items()}
+        for name in self._losses:
+            if name in lower:
+                return lower[name]
+        for name, value in lower.items():
+            if is_loss_name(name) and not name.startswith(("eval", "val", "test")):
+                return value
+        return None
+
+    def _grad_norm(self, name: str, value: float, step: Optional[int], epoch: Optional[float],
+                   source: str) -> List[Finding]:
+        gate = self._gates.setdefault(name, GradNormGate(self.t.grad_nonfinite_n))
+        reason = gate.judge(value, self._loss_now, self._loss_prev)
+        if reason is None and not math.isfinite(value) and name not in self._nonfinite.active:
+            return []   # an isolated one: fp16 loss scaling skipped a step
+        extra = {"reason": reason, "consecutive": gate.streak} if reason is not None else None
+        return self._nonfinite.update(name, value, step, epoch, source, extra)
+
     def _replay(self, records: Sequence[Record], now: float) -> List[Finding]:
         """History with unknown write times: rebuild state, report only what still holds."""
         last: Dict[Tuple[str, Any], Finding] = {}
@@ -378,11 +472,18 @@ class TrainingMonitor:
                 if f.kind in keep and f.data.get("state") != "cleared"]
 
     def _report_bad(self, src: Source) -> List[Finding]:
-        if not src.bad_lines or self._bad_reported[src.name]:
+        return self._bad_finding(src.name, src.bad_lines, str(src.tail.path), src.bad_example)
+
+    def _report_bad_files(self, name: str) -> List[Finding]:
+        count, path = self._files.bad()[name]
+        return self._bad_finding(name, count, path, None)
+
+    def _bad_finding(self, name: str, count: int, path: Optional[str],
+                     example: Optional[str]) -> List[Finding]:
+        if not count or self._bad_reported[name]:
             return []
-        self._bad_reported[src.name] = True
-        data = {"source": src.name, "path": str(src.tail.path), "bad_lines": src.bad_lines,
-                "example": src.bad_example}
+        self._bad_reported[name] = True
+        data = {"source": name, "path": path, "bad_lines": count, "example": example}
         return [Finding("train.bad_metrics", data, None)]
 
     # ---- judging ------------------------------------------------------------------------------
@@ -414,13 +515,17 @@ class TrainingMonitor:
             pos = src.tail.position()
             tails[src.name] = {"inode": pos[0] if pos else None, "offset": pos[1] if pos else None,
                                "bad_lines": src.bad_lines, "bad_reported": self._bad_reported[src.name]}
+        parser = self._log.parser
+        tails["log"]["bar"] = {"total": parser.bar_total, "last": parser.bar_last, "done": parser.bar_done}
         return {
             "v": STATE_VERSION, "ts": round(self._clock(), 3), "run_started_at": self._run_started_at,
             "job_key": self._job_key,
             "max_step": self._restart.max_step, "max_epoch": self._restart.max_epoch,
             "restarts": self._restart.restarts, "last_step": self._last_step, "last_epoch": self._last_epoch,
             "started": self._stall.started, "intervals_s": [round(v, 4) for v in self._stall.intervals],
-            "tails": tails,
+            "tails": tails, "files": self._files.state(), "owners": dict(self._owner),
+            "total_steps": self._progress.total,
+            "files_bad_reported": sorted(n for n in ("hfstate", "csv", "tfevents") if self._bad_reported[n]),
             "active": {"nonfinite": sorted(self._nonfinite.active), "metric_zero": sorted(self._zero.active),
                        "stalled": self._stall.stalled, "slow": self._slow.active},
         }

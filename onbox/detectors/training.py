@@ -6,6 +6,8 @@ returns `Finding`s only on an onset or a clear; a clear is the same kind with ``
 at info (as `mem.pressure` does), except the stall, which clears as `job.progressing`.
 
     NonfiniteDetector  a watched value NaN/Inf -> train.nonfinite (critical), per name
+    GradNormGate       whether a non-finite grad norm is worth that wake (persisting, or with a
+                       non-finite or frozen loss; an isolated one is fp16 loss scaling at work)
     StallDetector      no progress past max(floor, k x p95 step interval) -> job.stalled (verdict
                        from GPU use: hung / idle / unknown); progress again -> job.progressing
     SlowDetector       steps advance while the GPU idles -> train.slow (data-bound)
@@ -20,6 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import re
 from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from onbox.detectors.hysteresis import CLEAR, ONSET, Finding, Hysteresis
@@ -39,7 +42,8 @@ class TrainingThresholds:
     slow_gap_s: float = 10.0
     restart_ratio: float = 0.5       # a step under this fraction of the high-water mark is a restart
     restart_min_step: int = 20       # ... once the high-water mark reached this step
-    restart_min_epoch: float = 0.5   # ... or, judged by epochs, this epoch
+    restart_min_epoch: float = 0.01  # ... or, judged by epochs, this epoch (sub-epoch runs too)
+    grad_nonfinite_n: int = 3        # non-finite grad norms in a row that wake on their own
     zero_n: int = 3                  # evaluations in a row at exactly 0
     zero_loss_n: int = 5             # recent losses averaged to tell whether the loss falls
     spike_window: int = 50
@@ -70,6 +74,14 @@ def is_loss_name(name: str) -> bool:
     return "loss" in name.lower()
 
 
+_GRAD_NORM = re.compile(r"^(?:global_)?grad(?:ient)?s?_?(?:[\d.]+_)?norm(?:_total)?$")
+
+
+def is_grad_norm_name(name: str) -> bool:
+    """grad_norm, train/grad_norm, gradient_norm, grad_2.0_norm_total (Lightning's `grad_norm`)."""
+    return _GRAD_NORM.match(name.lower().rsplit("/", 1)[-1]) is not None
+
+
 def p95(values: Iterable[float]) -> Optional[float]:
     ordered = sorted(values)
     if not ordered:
@@ -90,7 +102,7 @@ class NonfiniteDetector:
         self._finite: Dict[str, int] = {}
 
     def update(self, name: str, value: float, step: Optional[int], epoch: Optional[float],
-               source: str) -> List[Finding]:
+               source: str, extra: Optional[Dict[str, Any]] = None) -> List[Finding]:
         data = {"name": name, "value": plain(value), "step": step, "epoch": epoch, "source": source}
         if not math.isfinite(value):
             self._finite[name] = 0
@@ -98,7 +110,7 @@ class NonfiniteDetector:
                 self.active[name]["count"] += 1
                 return []
             self.active[name] = {"step": step, "count": 1}
-            return [Finding("train.nonfinite", {"state": "onset", **data}, "critical")]
+            return [Finding("train.nonfinite", {"state": "onset", **data, **(extra or {})}, "critical")]
         if name not in self.active:
             return []
         self._finite[name] = self._finite.get(name, 0) + 1
@@ -107,6 +119,32 @@ class NonfiniteDetector:
         onset = self.active.pop(name)
         data.update({"state": "cleared", "since_step": onset["step"], "nonfinite_values": onset["count"]})
         return [Finding("train.nonfinite", data, "info")]
+
+
+class GradNormGate:
+    """Whether a non-finite grad norm should wake (`judge` gives the reason, or None).
+
+    Under fp16 loss scaling an inf/NaN grad norm now and then is normal: the scaler skips that
+    step and lowers the scale. It wakes when it persists for `n` logs in a row ("persisted"), or
+    comes with a non-finite loss ("nonfinite_loss") or a frozen one, the same value as the log
+    before ("frozen_loss"): the Hugging Face Trainer's default `logging_nan_inf_filter` logs a
+    NaN step's loss as the running mean, so NaN weights show as a constant loss and a NaN grad norm.
+    """
+
+    def __init__(self, n: int = 3) -> None:
+        self.n = max(1, n)
+        self.streak = 0
+
+    def judge(self, value: float, loss: Optional[float], prev_loss: Optional[float]) -> Optional[str]:
+        if math.isfinite(value):
+            self.streak = 0
+            return None
+        self.streak += 1
+        if loss is not None and not math.isfinite(loss):
+            return "nonfinite_loss"
+        if loss is not None and prev_loss is not None and loss == prev_loss:
+            return "frozen_loss"
+        return "persisted" if self.streak >= self.n else None
 
 
 class StallDetector:
@@ -148,6 +186,11 @@ class StallDetector:
     def note_checkpoint(self, now: float) -> List[Finding]:
         self.started = True
         return self._activity(now, "ckpt", True)
+
+    def note_progress(self, now: float, signal: str) -> List[Finding]:
+        """Progress seen by a source that does not own the step (no step interval is timed)."""
+        self.started = True
+        return self._activity(now, signal, True)
 
     def note_activity(self, now: float, signal: str) -> List[Finding]:
         return self._activity(now, signal, False)
@@ -269,10 +312,11 @@ class RestartDetector:
         if step_back or epoch_back:
             self.restarts += 1
             data = {"last_step": self.max_step, "new_step": step, "last_epoch": self.max_epoch,
-                    "new_epoch": epoch, "restarts": self.restarts}
+                    "new_epoch": epoch, "restarts": self.restarts,
+                    "by": "step" if step_back else "epoch"}
             out.append(Finding("train.restarted_from_zero", data, "warn"))
-            self.max_step = step if step is not None else self.max_step
-            self.max_epoch = epoch if epoch is not None else self.max_epoch
+            # both marks start again: the other counter (often on another line) falls with this one
+            self.max_step, self.max_epoch = step, epoch
         else:
             if step is not None:
                 moved = self._epoch_moved or self.max_step is None
@@ -429,6 +473,7 @@ class ProgressReporter:
         self.rate: Deque[Tuple[float, int]] = collections.deque(maxlen=t.rate_window)
         self.last_emit: Optional[float] = None
         self.fresh = False
+        self.total: Optional[int] = None      # the steps the run aims at, when known
 
     def observe(self, now: float, step: Optional[int], epoch: Optional[float],
                 scalars: Dict[str, float]) -> None:
@@ -462,9 +507,19 @@ class ProgressReporter:
         names += [n for n in self.scalars if n not in names]
         return {n: plain(self.scalars[n]) for n in names[: self.t.progress_max_scalars]}
 
+    def eta_s(self) -> Optional[float]:
+        rate = self.steps_per_s()
+        if self.total is None or self.step is None or rate is None or rate <= 0:
+            return None
+        return round(max(0, self.total - self.step) / rate, 1)
+
     def snapshot(self, now: float) -> Dict[str, Any]:
-        return {"step": self.step, "epoch": self.epoch, "scalars": self.bounded_scalars(),
-                "steps_per_s": _r(self.steps_per_s()), "data_age_s": self.data_age_s(now)}
+        """step, epoch, scalars, steps_per_s, data_age_s; and total_steps, eta_s when a total is known."""
+        out = {"step": self.step, "epoch": self.epoch, "scalars": self.bounded_scalars(),
+               "steps_per_s": _r(self.steps_per_s()), "data_age_s": self.data_age_s(now)}
+        if self.total is not None:
+            out.update({"total_steps": self.total, "eta_s": self.eta_s()})
+        return out
 
     def due(self, now: float) -> List[Finding]:
         if not self.fresh or (self.last_emit is not None and now - self.last_emit < self.t.progress_every_s):
@@ -473,6 +528,6 @@ class ProgressReporter:
         return [Finding("train.progress", self.snapshot(now), None)]
 
 
-__all__ = ["LossSpikeDetector", "MetricZeroDetector", "NonfiniteDetector", "ProgressReporter",
+__all__ = ["GradNormGate", "LossSpikeDetector", "MetricZeroDetector", "NonfiniteDetector", "ProgressReporter",
            "RestartDetector", "ShortRunDetector", "SlowDetector", "StallDetector", "TrainingThresholds",
-           "is_loss_name", "p95", "plain"]
+           "is_grad_norm_name", "is_loss_name", "p95", "plain"]

@@ -46,12 +46,14 @@ _WORDS = {
 
 @dataclasses.dataclass(frozen=True)
 class Record:
-    """One line's training signal: where it came from, step, epoch and numeric scalars."""
+    """One line's training signal: where it came from, step, epoch and numeric scalars; `total`
+    is the step count the run aims at, when the line says it (a progress bar's "20/60")."""
 
     source: str
     step: Optional[int] = None
     epoch: Optional[float] = None
     scalars: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    total: Optional[int] = None
 
 
 @dataclasses.dataclass

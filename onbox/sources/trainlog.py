@@ -11,8 +11,18 @@ Each line is tried, in this order:
    ``np.float32(0.5)``-style wrappers their argument; JSON objects are read with `json` as a fallback.
    A dict that reads as neither but names loss/epoch/learning_rate is a bad line; other
    unreadable braces are just text;
-3. ``key=value`` and ``key: value`` pairs with a numeric value (``loss=0.5``, ``lr: 5e-05``,
-   ``loss=nan``), and the counters ``Epoch 3/10`` and ``step 120``. Keys are lower-cased.
+3. a tqdm bar, `` 33%|███▎      | 20/60 [00:01<00:02, 14.89it/s]``. A bar with no description (the
+   Trainer's training bar) gives the step and its total (``20/60``), with three guards: ``0/N``
+   (a bar just drawn, before a resumed run jumps to its step) gives nothing; the first such bar
+   fixes the total, and bars with another total (the Trainer's evaluation bar) are ignored; once
+   a bar reached its total, a later bar counting from the start again is a loop's own counter
+   (``for batch in tqdm(loader)`` each epoch), and bars give no step any more in this job attempt
+   (`new_attempt()` lifts both). A bar described ``Epoch N:`` (Lightning's TQDM bar) gives the epoch
+   and the ``key=value`` pairs of its postfix; other described bars (``Writing model shards``) nothing;
+4. ``key=value`` and ``key: value`` pairs with a numeric value (``loss=0.5``, ``lr: 5e-05``,
+   ``loss=nan``), and the counters ``Epoch 3/10`` and ``step 120``. Keys are lower-cased. Rich's
+   bar (Lightning's default; in a non-TTY printed once, at the end) is read this way:
+   ``Epoch 0/-2 ━━ 60/60 ... v_num: 0.000`` and ``train_loss: nan`` on the next line.
 
 The tail itself is `onbox.sources.metrics.FileTail`.
 """
@@ -50,6 +60,9 @@ _PAIR = re.compile(r"(?<![\w./:-])([A-Za-z_][\w./-]{0,63})\s*[=:]\s*(" + _NUMBER
                    re.IGNORECASE)
 _COUNTER = re.compile(r"(?<![\w/])(epoch|step|iteration|iter)\s+(\d+)(?:\s*/\s*\d+)?(?![\w.])", re.IGNORECASE)
 _STEP_NAMES = ("step", "global_step", "iteration", "iter")
+_BAR = re.compile(r"(?P<desc>[^|]*?)\s*\d{1,3}%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)"
+                  r"\s*(?:\[(?P<post>[^\]]*)\]?)?")
+_BAR_EPOCH = re.compile(r"^Epoch\s+(\d+)\s*:?$", re.IGNORECASE)
 
 
 def _literal(body: str) -> Optional[Any]:
@@ -72,6 +85,9 @@ class LogParser:
 
     def __init__(self, regex: Optional[str] = None) -> None:
         self.regex: Optional[re.Pattern[str]] = None
+        self.bar_total: Optional[int] = None   # the training bar's total (see the module doc)
+        self.bar_done = False                  # a bar reached its total in this job attempt
+        self.bar_last: Optional[int] = None
         if regex:
             try:
                 self.regex = re.compile(regex)
@@ -96,7 +112,36 @@ class LogParser:
                 return record_from_mapping(obj, "log"), False
             if _METRIC_DICT.search(body):
                 return None, True
+        bar = _BAR.search(text)
+        if bar is not None:
+            return self._from_bar(bar), False
         return self._from_pairs(text), False
+
+    def new_attempt(self) -> None:
+        """A new job attempt: its bar may have another total and counts from the start."""
+        self.bar_total, self.bar_done, self.bar_last = None, False, None
+
+    def _from_bar(self, bar: re.Match[str]) -> Optional[Record]:
+        desc = bar.group("desc").strip()
+        n, total = int(bar.group("n")), int(bar.group("total"))
+        pairs = self._from_pairs(bar.group("post") or "")
+        scalars = dict(pairs.scalars) if pairs is not None else {}
+        if desc:
+            epoch = _BAR_EPOCH.match(desc)
+            if epoch is None:
+                return None
+            return Record("log", None, float(epoch.group(1)), scalars)
+        step: Optional[int] = n
+        if n == 0 or total == 0 or (self.bar_total is not None and total != self.bar_total):
+            step = None
+        elif self.bar_last is not None and n < self.bar_last and self.bar_done:
+            self.bar_total, step = -1, None   # a loop's own counter: no steps from bars in this attempt
+        else:
+            self.bar_total, self.bar_last = total, n
+            self.bar_done = self.bar_done or n >= total
+        if step is None and not scalars:
+            return None
+        return Record("log", step, None, scalars, total=total if step is not None else None)
 
     def _from_groups(self, groups: Dict[str, Optional[str]]) -> Tuple[Optional[Record], bool]:
         step: Optional[int] = None
@@ -160,7 +205,7 @@ class LogSource(TailSource):
         record, bad = self.parser.parse(line.decode("utf-8", "replace"))
         if record is None:
             return None, bad
-        return Record(self.name, record.step, record.epoch, record.scalars), bad
+        return Record(self.name, record.step, record.epoch, record.scalars, record.total), bad
 
 
 __all__ = ["LogParser", "LogSource"]

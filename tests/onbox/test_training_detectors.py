@@ -7,6 +7,7 @@ from typing import List, Optional
 
 from onbox.detectors.hysteresis import Finding
 from onbox.detectors.training import (
+    GradNormGate,
     LossSpikeDetector,
     MetricZeroDetector,
     NonfiniteDetector,
@@ -16,6 +17,7 @@ from onbox.detectors.training import (
     SlowDetector,
     StallDetector,
     TrainingThresholds,
+    is_grad_norm_name,
     p95,
     plain,
 )
@@ -302,3 +304,33 @@ def test_progress_is_rate_limited_bounded_and_only_when_fresh() -> None:
 def test_plain() -> None:
     got: List[Optional[object]] = [plain(NAN), plain(INF), plain(-INF), plain(1.5)]
     assert got == ["nan", "inf", "-inf", 1.5]
+
+
+# ---- grad norm gate ---------------------------------------------------------------------------
+
+def test_an_isolated_nonfinite_grad_norm_is_fp16_scaling_not_a_wake() -> None:
+    gate = GradNormGate(3)
+    losses = [3.9, 3.8, 3.7, 3.6, 3.5]
+    grads = [0.9, math.nan, 0.8, math.inf, 0.7]
+    prev = None
+    for loss, grad in zip(losses, grads):
+        assert gate.judge(grad, loss, prev) is None
+        prev = loss
+
+
+def test_a_grad_norm_wakes_when_it_persists_or_the_loss_is_frozen_or_nonfinite() -> None:
+    gate = GradNormGate(3)
+    assert [gate.judge(math.nan, loss, prev) for loss, prev in ((3.0, 3.1), (2.9, 3.0), (2.8, 2.9))] \
+        == [None, None, "persisted"]
+    assert GradNormGate(3).judge(math.nan, 0.0, 0.0) == "frozen_loss"   # logging_nan_inf_filter
+    assert GradNormGate(3).judge(math.inf, math.nan, 3.0) == "nonfinite_loss"
+    assert is_grad_norm_name("train/grad_norm") and not is_grad_norm_name("loss")
+
+
+def test_a_restart_found_by_the_epoch_resets_the_step_mark_too() -> None:
+    d = RestartDetector(T)
+    for step in range(5, 65, 5):       # HF: the bar's step and the dict line's epoch fraction
+        assert d.update(step, None) == [] and d.update(None, step / 64) == []
+    first = d.update(None, 5 / 64)       # the sub-epoch run starts again: its epoch falls first
+    assert [f.data["by"] for f in first] == ["epoch"]
+    assert d.update(5, None) == [] and d.update(10, None) == []          # one event, not two

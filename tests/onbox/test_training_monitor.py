@@ -321,7 +321,7 @@ def test_bad_lines_are_counted_and_reported_once(tmp_path: Path, rigs: Any) -> N
     bad = {d["source"]: d for d in rig.rec.of("train.bad_metrics")}
     assert sorted(bad) == ["log", "metrics"] and len(rig.rec.of("train.bad_metrics")) == 2
     assert bad["metrics"]["bad_lines"] == 2 and bad["metrics"]["example"] == "garbage"
-    assert rig.mon.status()["bad_lines"] == {"metrics": 3, "log": 1}
+    assert rig.mon.status()["bad_lines"] == {"metrics": 3, "log": 1, "hfstate": 0, "csv": 0, "tfevents": 0}
 
 
 def test_progress_telemetry_is_rate_limited(tmp_path: Path, rigs: Any) -> None:
@@ -410,3 +410,66 @@ def test_on_the_real_scheduler_a_nan_arrives_without_a_tick_from_the_test(tmp_pa
     finally:
         scheduler.stop()
         mon.close()
+
+
+# ---- framework signals: grad norm, files under the job's cwd, persistence --------------------------
+
+def hf_line(loss: Any, grad: Any, epoch: float) -> str:
+    return f"{{'loss': '{loss}', 'grad_norm': '{grad}', 'learning_rate': '5e-05', 'epoch': '{epoch}'}}\n"
+
+
+def test_an_isolated_nan_grad_norm_does_not_wake_a_frozen_loss_with_one_does(tmp_path: Path,
+                                                                             rigs: Any) -> None:
+    rig = rigs(tmp_path / "run")
+    rig.mon.start()
+    for i, (loss, grad) in enumerate([(3.9, 0.9), (3.8, "nan"), (3.7, 0.8), (3.6, 0.7)]):
+        bar = f"\r 10%|█ | {5 * (i + 1)}/60 [00:01<00:02, 14.89it/s]\r"
+        rig.log(bar + hf_line(loss, grad, 0.1 * (i + 1)))
+        rig.tick()
+    assert rig.rec.of("train.nonfinite") == []
+    rig.log(hf_line(0, "nan", 0.5) + hf_line(0, "nan", 0.6))  # NaN weights under logging_nan_inf_filter
+    rig.tick()
+    (onset,) = rig.rec.of("train.nonfinite")
+    assert (onset["name"], onset["reason"], onset["step"]) == ("grad_norm", "frozen_loss", 20)
+    assert rig.mon.status()["total_steps"] == 60
+
+
+def test_framework_files_are_judged_once_across_a_sidecar_restart(tmp_path: Path, rigs: Any) -> None:
+    cwd = tmp_path / "cwd"
+    csv = cwd / "lightning_logs" / "version_0" / "metrics.csv"
+    csv.parent.mkdir(parents=True)
+    rig = rigs(tmp_path / "run", job_cwd=cwd, scan_s=0.0)
+    rig.mon.start()
+    csv.write_text("epoch,step,train_loss\n0,4,0.9\n0,9,nan\n")
+    rig.tick()
+    assert [(d["name"], d["source"], d["step"]) for d in rig.rec.of("train.nonfinite")] == [
+        ("train_loss", "csv", 9)]
+    rig.mon.close()
+    with open(csv, "a") as f:
+        f.write("0,14,0.5\n0,19,0.4\n0,24,0.3\n")
+    again = rigs(tmp_path / "run", job_cwd=cwd, scan_s=0.0)
+    again.mon.start()
+    again.tick()
+    assert again.rec.of("train.nonfinite", state="onset") == []          # the nan row is not judged again
+    assert [d["state"] for d in again.rec.of("train.nonfinite")] == ["cleared"]
+    assert again.mon.status()["step"] == 24
+
+
+def test_a_sub_epoch_restart_is_found_from_trainer_state_global_step(tmp_path: Path, rigs: Any) -> None:
+    cwd = tmp_path / "cwd"
+    rig = rigs(tmp_path / "run", job_cwd=cwd, scan_s=0.0)
+    rig.mon.start()
+    for step in (20, 40, 60):
+        state = cwd / "out" / f"checkpoint-{step}" / "trainer_state.json"
+        state.parent.mkdir(parents=True)
+        history = [{"loss": 3.9, "epoch": s / 640, "step": s} for s in range(5, step + 1, 5)]
+        state.write_text(json.dumps({"global_step": step, "max_steps": 600, "log_history": history}))
+        rig.tick()
+    assert rig.rec.of("train.restarted_from_zero") == []
+    state = cwd / "out" / "checkpoint-10" / "trainer_state.json"
+    state.parent.mkdir(parents=True)
+    history = [{"loss": 4.0, "epoch": 0.008, "step": 5}]
+    state.write_text(json.dumps({"global_step": 10, "log_history": history}))
+    rig.tick()
+    (restart,) = rig.rec.of("train.restarted_from_zero")
+    assert (restart["last_step"], restart["new_step"], restart["by"]) == (60, 5, "step")

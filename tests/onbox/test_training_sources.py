@@ -2,10 +2,11 @@
 bounded reads) and the parsers of metrics.jsonl and train.log."""
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -192,7 +193,7 @@ def test_to_number(value: Any, expected: Any) -> None:
      {"loss": 0.5, "lr": 1e-4}),
     ("Epoch 3/10 | Step: 120 | acc=95% time=3.2s version=1.2.3 url http://host:8080", 120, 3.0,
      {"acc": 95.0, "time": 3.2}),
-    ("\x1b[32m  5%|5    | 50/1000 [00:10<03:10,  5.00it/s, loss=0.123]\x1b[0m", None, None, {"loss": 0.123}),
+    ("\x1b[32m  5%|5    | 50/1000 [00:10<03:10,  5.00it/s, loss=0.123]\x1b[0m", 50, None, {"loss": 0.123}),
 ])
 def test_log_lines_give_their_counters_and_scalars(line: str, step: Any, epoch: Any, scalars: Any) -> None:
     record, bad = LogParser().parse(line)
@@ -240,3 +241,115 @@ def test_log_source_splits_carriage_returns_and_counts_only_bad_dicts(tmp_path: 
     assert got.bad == 1 and src.bad_lines == 1 and src.bad_example is not None
     assert all(r.source == "log" for r in got.records)
     src.close()
+
+
+# ---- framework files: TensorBoard events, Lightning metrics.csv, HF trainer_state.json ------------
+
+def test_tfevents_from_a_real_summary_writer_old_and_new_style(tmp_path: Path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    from onbox.sources.tfevents import TfEventsReader
+    w = SummaryWriter(str(tmp_path))
+    for step in range(3):
+        w.add_scalar("train_loss", 1.0 / (step + 1), step)
+        w.add_scalar("train/grad_norm", float("nan") if step == 2 else 0.5, step, new_style=True)
+        w.add_scalar("epoch", 0.0, step)
+    w.close()
+    (path,) = tmp_path.glob("events.out.tfevents.*")
+    got = TfEventsReader(path).poll()
+    assert got.bad == 0 and [r.step for r in got.records] == [0, 1, 2]
+    last = got.records[-1]
+    assert last.epoch == 0.0 and last.scalars["train_loss"] == pytest.approx(1 / 3)
+    assert math.isnan(last.scalars["train/grad_norm"]) and got.records[0].scalars["train/grad_norm"] == 0.5
+
+
+def test_tfevents_torn_and_garbage_records_are_skipped_and_counted(tmp_path: Path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    from onbox.sources.tfevents import TfEventsReader, frame
+    w = SummaryWriter(str(tmp_path))
+    w.add_scalar("loss", 0.5, 1)
+    w.close()
+    (path,) = tmp_path.glob("events.out.tfevents.*")
+    good = path.read_bytes()                                              # file_version + loss@1
+    bad_data = bytearray(frame(b"\x10\x02"))
+    bad_data[-1] ^= 0xFF                                                  # its data crc is wrong
+    path.write_bytes(good + b"garbage!" * 3 + bytes(bad_data) + good + frame(b"\xff\xff"))
+    reader = TfEventsReader(path)
+    got = reader.poll()                # garbage (resync), a bad crc, an undecodable event: 3 bad
+    assert [(r.step, dict(r.scalars)) for r in got.records] == [(1, {"loss": 0.5})] and got.bad == 3
+    half = frame(b"\x10\x07" + b"")[:9]
+    with open(path, "ab") as f:
+        f.write(half)                                                    # a record still being written
+    assert reader.poll().records == []
+    with open(path, "ab") as f:
+        f.write(frame(b"\x10\x07")[9:])
+    assert reader.poll().bad == 0
+
+
+def test_csv_rows_appended_then_rewritten_with_a_new_column(tmp_path: Path) -> None:
+    from onbox.sources.csvlog import CsvLogReader
+    path = tmp_path / "metrics.csv"
+    path.write_text("epoch,step,train_loss\n0,4,0.9\n0,9,\n")
+    reader = CsvLogReader(path)
+    got = reader.poll()
+    assert [(r.step, dict(r.scalars)) for r in got.records] == [(4, {"train_loss": 0.9}), (9, {})]
+    with open(path, "a") as f:
+        f.write("0,14,nan\n0,19,0.")                                     # a partial last row waits
+    got = reader.poll()
+    assert [r.step for r in got.records] == [14] and math.isnan(got.records[0].scalars["train_loss"])
+    ino = path.stat().st_ino
+    with open(path, "r+") as f:                                          # Lightning's in-place rewrite
+        f.truncate(0)
+        f.write("epoch,step,train_loss,val_acc\n0,4,0.9,\n0,9,,\n0,14,nan,\n0,19,0.5,\n0,24,0.4,0.7\n")
+    assert path.stat().st_ino == ino
+    got = reader.poll()
+    assert [(r.step, dict(r.scalars)) for r in got.records] == [(19, {"train_loss": 0.5}),
+                                                                 (24, {"train_loss": 0.4, "val_acc": 0.7})]
+    saved = reader.position()
+    again = CsvLogReader(path)
+    assert again.restore(saved) and again.poll().records == []
+
+
+def _hf_state(path: Path, global_step: int, losses: Dict[int, float], max_steps: int = 100) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    history = [{"loss": v, "grad_norm": 0.5, "epoch": s / 1000, "step": s} for s, v in losses.items()]
+    path.write_text(json.dumps({"global_step": global_step, "max_steps": max_steps,
+                                "epoch": global_step / 1000, "log_history": history}))
+
+
+def test_trainer_state_files_give_new_entries_once_and_a_restart_its_whole_history(tmp_path: Path) -> None:
+    from onbox.sources.hfstate import HfStateSource
+    from onbox.sources.jobfiles import scan
+    out = tmp_path / "out"
+    _hf_state(out / "checkpoint-20" / "trainer_state.json", 20, {10: 1.0, 20: 0.9})
+    _hf_state(out / "checkpoint-40" / "trainer_state.json", 40, {10: 1.0, 20: 0.9, 30: 0.8, 40: float("nan")})
+    src = HfStateSource()
+    found = scan(tmp_path)["hfstate"]
+    got = src.read(found)
+    steps = [r.step for r in got.records]
+    assert steps == [10, 20, 20, 30, 40, 40] and got.records[-1].total == 100
+    assert math.isnan(got.records[-2].scalars["loss"])
+    assert src.read(found).records == []                                  # unchanged: nothing again
+    _hf_state(out / "checkpoint-10" / "trainer_state.json", 10, {5: 2.0, 10: 1.9})  # a restart
+    got = src.read(scan(tmp_path)["hfstate"])
+    assert [r.step for r in got.records] == [5, 10, 10]
+
+
+def test_the_scan_is_bounded_and_finds_the_framework_places(tmp_path: Path) -> None:
+    from onbox.sources.jobfiles import scan
+    (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)
+    (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").write_text("step\n")
+    (tmp_path / "lightning_logs" / "version_0" / "events.out.tfevents.1.host.1.0").write_bytes(b"")
+    (tmp_path / "notes" / "metrics.csv").parent.mkdir()
+    (tmp_path / "notes" / "metrics.csv").write_text("x\n")                 # not a CSVLogger place
+    deep = tmp_path / "a" / "b" / "c" / "d" / "version_1"
+    deep.mkdir(parents=True)
+    (deep / "metrics.csv").write_text("step\n")                            # below the depth bound
+    (tmp_path / ".git" / "version_2").mkdir(parents=True)
+    (tmp_path / ".git" / "version_2" / "metrics.csv").write_text("step\n")
+    found = scan(tmp_path)
+    csvs = [p.relative_to(tmp_path).as_posix() for p in found["csv"]]
+    assert csvs == ["lightning_logs/version_0/metrics.csv"]
+    assert len(found["tfevents"]) == 1
+    assert scan(tmp_path, max_entries=2)["csv"] == []
