@@ -14,6 +14,13 @@ import torch
 import torch.distributed as dist
 
 
+def stamp(path: str) -> None:
+    """--fault-stamp: the wall time the first fault was injected (for bench/frameworks.py)."""
+    if path and not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(repr(time.time()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60)
@@ -24,6 +31,7 @@ def main() -> None:
     ap.add_argument("--crash-at", type=int, default=-1)
     ap.add_argument("--hang-rank", type=int, default=-1)
     ap.add_argument("--hang-at", type=int, default=-1)
+    ap.add_argument("--fault-stamp", default="", help="write the fault's wall time to this file (bench)")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -35,8 +43,10 @@ def main() -> None:
     os.makedirs(ckpt_dir, exist_ok=True)
     for step in range(1, args.steps + 1):
         if rank == args.crash_rank and step == args.crash_at:
+            stamp(args.fault_stamp)
             raise RuntimeError(f"injected crash on rank {rank} at step {step}")
         if rank == args.hang_rank and step == args.hang_at:
+            stamp(args.fault_stamp)
             while True:
                 time.sleep(3600)
         x = torch.randn(16, 8)

@@ -30,6 +30,13 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids.clone()}
 
 
+def stamp(path: str) -> None:
+    """--fault-stamp: the wall time the first fault was injected (for bench/frameworks.py)."""
+    if path and not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(repr(time.time()))
+
+
 class Faults(TrainerCallback):
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -37,12 +44,15 @@ class Faults(TrainerCallback):
     def on_step_end(self, args, state, control, model=None, **kw):
         step = state.global_step
         if self.args.nan_at >= 0 and step >= self.args.nan_at:
+            stamp(self.args.fault_stamp)
             with torch.no_grad():
                 for p in model.parameters():
                     p.fill_(float("nan"))
         if self.args.crash_at >= 0 and step >= self.args.crash_at:
+            stamp(self.args.fault_stamp)
             raise RuntimeError(f"injected crash at step {step}")
         if self.args.hang_at >= 0 and step >= self.args.hang_at:
+            stamp(self.args.fault_stamp)
             while True:
                 time.sleep(3600)
         if self.args.step_seconds:
@@ -62,6 +72,7 @@ def main() -> None:
     ap.add_argument("--hang-at", type=int, default=-1)
     ap.add_argument("--ignore-resume", action="store_true")
     ap.add_argument("--integration", action="store_true")
+    ap.add_argument("--fault-stamp", default="", help="write the fault's wall time to this file (bench)")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -77,6 +88,9 @@ def main() -> None:
         callbacks.append(RgtCallback())
     trainer = Trainer(model=model, args=targs, train_dataset=Tokens(256, 16, 64), callbacks=callbacks)
     resume = None if args.ignore_resume else (os.environ.get("RGT_RESUME_FROM") or None)
+    if args.integration and not args.ignore_resume:
+        from onbox.integrations import resume_from
+        resume = resume_from()
     trainer.train(resume_from_checkpoint=resume)
 
 

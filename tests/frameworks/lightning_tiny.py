@@ -17,6 +17,13 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 
+def stamp(path: str) -> None:
+    """--fault-stamp: the wall time the first fault was injected (for bench/frameworks.py)."""
+    if path and not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(repr(time.time()))
+
+
 class Tiny(L.LightningModule):
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__()
@@ -27,12 +34,15 @@ class Tiny(L.LightningModule):
         x, y = batch
         step = self.global_step
         if self.args.nan_at >= 0 and step >= self.args.nan_at:
+            stamp(self.args.fault_stamp)
             with torch.no_grad():
                 for p in self.parameters():
                     p.fill_(float("nan"))
         if self.args.crash_at >= 0 and step >= self.args.crash_at:
+            stamp(self.args.fault_stamp)
             raise RuntimeError(f"injected crash at step {step}")
         if self.args.hang_at >= 0 and step >= self.args.hang_at:
+            stamp(self.args.fault_stamp)
             while True:
                 time.sleep(3600)
         if self.args.step_seconds:
@@ -56,7 +66,10 @@ def main() -> None:
     ap.add_argument("--crash-at", type=int, default=-1)
     ap.add_argument("--hang-at", type=int, default=-1)
     ap.add_argument("--ignore-resume", action="store_true")
+    ap.add_argument("--flush-every", type=int, default=0,
+                    help="the logger writes its file every N steps (csv) or at once (tensorboard)")
     ap.add_argument("--integration", action="store_true")
+    ap.add_argument("--fault-stamp", default="", help="write the fault's wall time to this file (bench)")
     args = ap.parse_args()
 
     L.seed_everything(0)
@@ -64,10 +77,13 @@ def main() -> None:
     y = x.sum(dim=1, keepdim=True) * 0.5
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, shuffle=True)
     logger: object = True
+    flush: dict = {}
     if args.logger == "csv":
-        logger = L.pytorch.loggers.CSVLogger(".", name="lightning_logs")
+        flush = {"flush_logs_every_n_steps": args.flush_every} if args.flush_every else {}
+        logger = L.pytorch.loggers.CSVLogger(".", name="lightning_logs", **flush)
     elif args.logger == "tensorboard":
-        logger = L.pytorch.loggers.TensorBoardLogger(".", name="lightning_logs")
+        flush = {"max_queue": 1, "flush_secs": 1} if args.flush_every else {}
+        logger = L.pytorch.loggers.TensorBoardLogger(".", name="lightning_logs", **flush)
     ckpt = ModelCheckpoint(monitor="train_loss", save_top_k=2, every_n_train_steps=args.save_every)
     callbacks: list = [ckpt]
     if args.integration:
@@ -77,6 +93,9 @@ def main() -> None:
                         log_every_n_steps=args.log_every, callbacks=callbacks,
                         enable_model_summary=False)
     resume = None if args.ignore_resume else (os.environ.get("RGT_RESUME_FROM") or None)
+    if args.integration and not args.ignore_resume:
+        from onbox.integrations import resume_from
+        resume = resume_from()
     trainer.fit(Tiny(args), data, ckpt_path=resume)
 
 
