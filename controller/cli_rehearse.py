@@ -67,12 +67,16 @@ def render_result(result: RehearseResult) -> None:
 @click.option("--grace", "grace_s", default="30s", show_default=True, metavar="DUR", callback=_duration,
               help="With --steps: time from the SIGTERM to the SIGKILL.")
 @click.option("--keep", is_flag=True, help="Keep the private run directory after a pass too.")
+@click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="The job's working directory (default: this one); a framework's default output_dir "
+                   "lands there.")
 @click.option("--tmp-dir", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Where the private run root is made (default: the system's temp dir).")
 @JSON_OPTION
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD...")
 def rehearse_command(steps: Optional[int], timeout_s: float, stall_floor_s: float, grace_s: float,
-                     keep: bool, tmp_dir: Optional[Path], as_json: bool, command: Sequence[str]) -> None:
+                     keep: bool, cwd: Optional[Path], tmp_dir: Optional[Path], as_json: bool,
+                     command: Sequence[str]) -> None:
     """Rehearse the launch command here, on CPU, before renting a GPU.
 
     \b
@@ -87,7 +91,8 @@ def rehearse_command(steps: Optional[int], timeout_s: float, stall_floor_s: floa
     --keep) and kept after a failure. Exit 0 when every stage passed, 1 otherwise.
     """
     opts = RehearseOptions(command=list(command), steps=steps, timeout_s=timeout_s,
-                           stall_floor_s=stall_floor_s, grace_s=grace_s, keep=keep, tmp_dir=tmp_dir)
+                           stall_floor_s=stall_floor_s, grace_s=grace_s, keep=keep, tmp_dir=tmp_dir,
+                           cwd=cwd.resolve() if cwd else None)
     try:
         rehearsal = Rehearsal(opts)
     except (OSError, ValueError) as e:

@@ -52,22 +52,25 @@ from controller.rehearse_checks import (
     Ending,
     Journal,
     Proc,
+    Record,
     Stage,
+    copy_listed,
     custody_caught_up,
     describe_exit,
     file_size,
     judge_exit,
     judge_resume,
-    judge_safe_load,
+    judge_verified,
+    named_step,
     newest_per_path,
     read_json,
     read_manifest,
     record_of,
+    rewritten,
     steps_since,
     unrecorded,
 )
-from controller.verify_identity import hash_many
-from controller.verify_load import LoadOptions, prove_loads
+from controller.verify import verify
 
 PROJECT = "rehearse"
 RUN_ID = "rehearsal"
@@ -309,7 +312,10 @@ class Rehearsal:
         wrapper, job, pgid = self._job()
         if job is None or pgid is None or not job.alive():
             return None, "rgt/job.json names no running job to kill"
-        steps, _, _ = steps_since(self.metrics_path, 0)
+        self.journal.poll()
+        steps = steps_since(self.metrics_path, 0)[0] + [
+            e["data"]["step"] for e in self.journal.of("train.progress", self.base_seq)
+            if isinstance(e["data"].get("step"), int)]
         _killpg(pgid)
         gone = self._wait(lambda: self._exit_doc() is not None and not (wrapper and wrapper.alive())
                           and not job.alive(), KILLED_S)
@@ -364,6 +370,9 @@ class Rehearsal:
             if record is None or record.step is None:  # no step to compare: the sidecar's word decides
                 self._wait(lambda: self._sidecar_saw(first), CONFIRM_S)
         restarts = self._current("train.restarted_from_zero")
+        if resume_from and (record is None or record.step is None) and named_step(resume_from) is not None:
+            bare = Record(path=str(resume_from), size=0, sha256="", mtime_ns=0, inode=0, step=None, ts=0.0)
+            record = dataclasses.replace(record or bare, step=named_step(resume_from))
         ok, detail = judge_resume(resume_from, record, first, restarts)
         return ok, f"killed at step {killed_at} (SIGKILL), relaunched; {detail}"
 
@@ -408,18 +417,32 @@ class Rehearsal:
         return outcome if isinstance(outcome, str) else None
 
     def stage_safe_load(self) -> Tuple[bool, str]:
+        """What `rgt pull` + `rgt verify` would say: the box half builds the pull manifest
+        (`rgt-onbox manifest`: custody's records, directory units, rotation), the listed files are
+        copied to <root>/pulled the way the pull lays them out, and controller.verify proves them
+        (identity, then safe load through its seam, known companions and all)."""
         self._wait(lambda: custody_caught_up(self.run_dir, self.ckpt_dir) or not self._sidecar_alive(),
                    CUSTODY_S)
         every = read_manifest(self.run_dir)
         records = newest_per_path(every)
         stray = [rel for rel in unrecorded(self.run_dir, self.ckpt_dir, every) if rel not in records]
-        by_path = {self.run_dir / rel: rel for rel in records}
-        hashes = {by_path[p]: r for p, r in hash_many(list(by_path)).items()}
-        good = {rel: self.run_dir / rel for rel, got in hashes.items()
-                if not isinstance(got, OSError) and got[1] == records[rel].sha256}
-        opts = LoadOptions(timeout_s=max(LOAD_MIN_S, self._left()))
-        loads = prove_loads(good, {rel: "checkpoint" for rel in good}, opts) if good else {}
-        return judge_safe_load(records, hashes, loads, stray)
+        try:
+            done = self._onbox(["manifest", str(self.run_dir), "--root", str(self.root), "--json"],
+                               max(LOAD_MIN_S, self._left()))
+        except subprocess.TimeoutExpired:
+            return False, "rgt-onbox manifest (the box half of the pull) did not answer"
+        if done.returncode != 0:
+            if not records:
+                return False, "no checkpoint was recorded by the sidecar's custody"
+            return False, f"the pull manifest fails: {_last_error(done.stderr)}"
+        doc = read_json(self.rgt / "PULL_MANIFEST.json") or {}
+        pulled = self.root / "pulled"
+        shutil.rmtree(pulled, ignore_errors=True)
+        problems = copy_listed(self.run_dir, doc, pulled) + rewritten(doc, records)
+        (pulled / "rgt").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(self.rgt / "PULL_MANIFEST.json", pulled / "rgt" / "PULL_MANIFEST.json")
+        report = verify(pulled, write=False, load_timeout_s=max(LOAD_MIN_S, self._left()))
+        return judge_verified(report.to_dict(), problems, stray)
 
     # ---- the whole rehearsal ----------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -32,7 +33,8 @@ PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
 # What to change in the training script when a stage fails (the CLI prints it as `hint:`).
 HINTS = {
     "launch": "run the command by hand first; train.log in the kept run directory says why it stopped",
-    "metrics seen": "append one JSON object per log step, with a step field, to $RGT_METRICS",
+    "metrics seen": "append one JSON object per log step, with a step field, to $RGT_METRICS, or add the "
+                    "two-line integration (onbox.integrations.hf / .lightning RgtCallback)",
     "checkpoint committed": "save checkpoints into $RGT_CKPT_DIR (write a .tmp, then rename it), "
                             "early enough that a short rehearsal reaches one",
     "resume": "at start-up, load $RGT_RESUME_FROM when it is set (model, optimizer and step) and go on "
@@ -232,10 +234,23 @@ def newest_per_path(records: Iterable[Record]) -> Dict[str, Record]:
 
 
 def record_of(run_dir: Path, path: Path, records: Iterable[Record]) -> Optional[Record]:
-    """The newest record naming `path` (absolute, or relative to the run dir)."""
+    """The newest record naming `path` (absolute, or relative to the run dir), or a file inside
+    it when `path` is a directory checkpoint (HF `checkpoint-N/`: one unit, recorded file by file)."""
     full = os.path.normpath(Path(run_dir) / path)
+    inside = full + os.sep
     found = [r for r in records if os.path.normpath(Path(run_dir) / r.path) == full]
-    return max(found, key=lambda r: r.ts) if found else None
+    found = found or [r for r in records if os.path.normpath(Path(run_dir) / r.path).startswith(inside)]
+    return max(found, key=lambda r: (r.step is not None, r.ts)) if found else None
+
+
+_NAMED_STEP = re.compile(r"(?:checkpoint-|step[=_-]?)(\d+)")
+
+
+def named_step(path: str) -> Optional[int]:
+    """The step a standard checkpoint name carries (HF `checkpoint-40`, Lightning `step=40`,
+    `step000040.pt`), for a record that names none; None when the name has no step."""
+    found = _NAMED_STEP.findall(os.path.basename(os.path.normpath(path)))
+    return int(found[-1]) if found else None
 
 
 def unrecorded(run_dir: Path, ckpt_dir: Path, records: Iterable[Record]) -> List[str]:
@@ -384,6 +399,78 @@ def judge_safe_load(records: Mapping[str, Record], hashes: Mapping[str, HashResu
                   f"recorded at write time and load{'s' if one else ''} safely{tail}")
 
 
+def copy_listed(run_dir: Path, doc: Mapping[str, Any], dest: Path) -> List[str]:
+    """Copy every file the pull manifest `doc` lists from `run_dir` into `dest` at the same relative
+    path, the layout `rgt pull` gives (a local pull: the rehearsal's box is this machine). Links are
+    followed the way the pull's rsync follows them (a checkpoint place outside the run dir is
+    linked in as rgt/external/<name>); the path itself must stay inside the run dir. Returns one
+    line per file that could not be copied."""
+    root = os.path.realpath(run_dir)
+    problems: List[str] = []
+    for entry in doc.get("files") or []:
+        rel = str(entry.get("path", "")) if isinstance(entry, dict) else ""
+        src = os.path.normpath(os.path.join(root, rel))
+        if not rel or os.path.isabs(rel) or not src.startswith(root + os.sep):
+            problems.append(f"{rel or '?'}: leads out of the run dir")
+            continue
+        target = Path(dest, *rel.split("/"))
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+        except OSError as e:
+            problems.append(f"{rel}: {e.strerror or e}")
+    return problems
+
+
+def rewritten(doc: Mapping[str, Any], records: Mapping[str, Record]) -> List[str]:
+    """Checkpoints whose bytes now differ from the sha256 custody recorded at write time."""
+    out: List[str] = []
+    for entry in doc.get("files") or []:
+        if not isinstance(entry, dict) or entry.get("kind") != "checkpoint":
+            continue
+        rec = records.get(str(entry.get("path")))
+        if rec is not None and entry.get("sha256") != rec.sha256:
+            out.append(f"{entry.get('path')}: sha256 {str(entry.get('sha256'))[:12]}... differs from "
+                       f"{rec.sha256[:12]}... recorded at write time")
+    return out
+
+
+_NOT_A_LOAD_FAILURE = ("ok", "skipped", "not loadable", "identity only")
+
+
+def judge_verified(report: Mapping[str, Any], problems: Sequence[str],
+                   stray: Sequence[str]) -> Tuple[bool, str]:
+    """The rehearsal's safe load: the pull verifier's verdict (controller.verify, `Report.to_dict()`)
+    on a local pull of the run, plus what the rehearsal itself found (`problems`: rewritten after
+    the record, not copyable; `stray`: checkpoint files no custody record covers)."""
+    files = [f for f in report.get("files") or [] if isinstance(f, dict)]
+    ckpts = [f for f in files if f.get("kind") == "checkpoint"]
+    proofs = {k: v for k, v in (report.get("proofs") or {}).items() if isinstance(v, dict)}
+    failures = [*problems, *(f"{rel}: never recorded by custody (no write-time hash)" for rel in stray)]
+    for name, proof in proofs.items():
+        if proof.get("status") == "failed" and proof.get("reason"):
+            failures.append(f"{name}: {proof['reason']}")
+    load_failed = (proofs.get("safe_load") or {}).get("status") == "failed"
+    for f in files:
+        if f.get("identity") != "ok":
+            failures.append(f"{f.get('path')}: identity: {f.get('identity')}")
+        elif load_failed and not str(f.get("load")).startswith(_NOT_A_LOAD_FAILURE):
+            failures.append(f"{f.get('path')}: safe load: {f.get('load')}")
+    extra = (proofs.get("identity") or {}).get("extra") or []
+    failures += [f"{x.get('path')}: {x.get('reason')}" for x in extra if isinstance(x, dict)]
+    if not ckpts:
+        failures.append("no checkpoint was recorded by the sidecar's custody")
+    elif report.get("ok") is not True and not failures:
+        failures.append("rgt verify did not pass (no reason given)")
+    if failures:
+        return False, f"{len(failures)} problem{'' if len(failures) == 1 else 's'}: {_names(failures, 2)}"
+    loaded = sum(1 for f in ckpts if f.get("load") == "ok")
+    by_id = len(ckpts) - loaded
+    tail = f", {by_id} proven by identity only" if by_id else ""
+    return True, (f"{len(ckpts)} checkpoint file{'' if len(ckpts) == 1 else 's'} pulled and verified "
+                  f"(rgt verify): identity ok, {loaded} passed its safe load{tail}")
+
+
 @dataclasses.dataclass
 class Ending:
     """How the rehearsal's last attempt ended, gathered by the orchestration."""
@@ -433,6 +520,6 @@ def judge_exit(end: Ending) -> Tuple[bool, str]:
 
 __all__ = ["FAIL", "HINTS", "PASS", "SKIPPED", "STAGES", "Ending", "Journal", "Record", "Stage",
            "Proc", "custody_caught_up", "describe_exit", "file_size", "is_temporary", "judge_exit",
-           "judge_resume", "judge_safe_load", "newest_per_path", "read_json", "read_manifest", "record_of",
-           "step_of",
-           "steps_since", "unrecorded"]
+           "judge_resume", "judge_safe_load", "judge_verified", "copy_listed", "rewritten", "named_step",
+           "newest_per_path", "read_json", "read_manifest", "record_of", "step_of", "steps_since",
+           "unrecorded"]

@@ -30,6 +30,8 @@ from controller.rehearse_checks import (
     judge_exit,
     judge_resume,
     judge_safe_load,
+    judge_verified,
+    named_step,
     newest_per_path,
     read_manifest,
     record_of,
@@ -304,10 +306,45 @@ def test_safe_load_stage_on_a_settled_run_dir(rehearsal: Rehearsal) -> None:
     # not torch: the loader calls the file's format unknown, so the stage rests on the hashes
     save_ckpt(rehearsal.run_dir, "checkpoints/state.json", b'{"step": 20}', 20, ts=1.0)
     ok, detail = rehearsal.stage_safe_load()
-    assert ok and "1 checkpoint hashes to" in detail and "loads safely (1 of unknown format" in detail
+    assert ok and "1 checkpoint file pulled and verified (rgt verify): identity ok" in detail, detail
+    assert (rehearsal.root / "pulled" / "checkpoints" / "state.json").is_file()  # the local pull
     (rehearsal.run_dir / "checkpoints" / "state.json").write_bytes(b'{"step": 21}')
     ok, detail = rehearsal.stage_safe_load()
-    assert not ok and "sha256" in detail
+    assert not ok and "checkpoints/state.json: sha256" in detail and "recorded at write time" in detail
+
+
+def test_safe_load_stage_names_a_checkpoint_that_does_not_load(rehearsal: Rehearsal) -> None:
+    save_ckpt(rehearsal.run_dir, "checkpoints/step000020.pt", b"PK\x03\x04 not a real zip", 20, ts=1.0)
+    ok, detail = rehearsal.stage_safe_load()
+    assert not ok and "checkpoints/step000020.pt: safe load:" in detail, detail
+
+
+def test_judge_verified_reads_the_verifiers_report() -> None:
+    ckpt = {"path": "out/checkpoint-20/model.safetensors", "kind": "checkpoint", "identity": "ok",
+            "load": "ok"}
+    extra = {"path": "out/checkpoint-20/rng_state.pth", "kind": "checkpoint", "identity": "ok",
+             "load": "identity only (an include that does not load safely)"}
+    good = {"ok": True, "files": [ckpt, extra], "proofs": {"identity": {"status": "passed"},
+                                                           "safe_load": {"status": "passed"}}}
+    ok, detail = judge_verified(good, [], [])
+    assert ok and "2 checkpoint files pulled and verified" in detail and "1 proven by identity only" in detail
+    bad = {"ok": False, "files": [{**ckpt, "identity": "size 10, expected 12"}],
+           "proofs": {"identity": {"status": "failed", "extra": [{"path": "x.pt", "reason": "extra file"}]}}}
+    ok, detail = judge_verified(bad, [], ["checkpoints/stray.pt"])
+    assert not ok and detail.startswith("3 problems")
+    assert "never recorded by custody" in detail and "identity: size 10" in detail
+    assert judge_verified({"ok": True, "files": []}, [], [])[1].endswith("recorded by the sidecar's custody")
+
+
+def test_a_directory_checkpoint_is_found_by_its_files_and_its_name_gives_the_step(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    save_ckpt(run, "out/checkpoint-20/model.safetensors", b"m", None, ts=1.0)
+    save_ckpt(run, "out/checkpoint-20/trainer_state.json", b"{}", 20, ts=2.0)
+    found = record_of(run, run / "out" / "checkpoint-20", read_manifest(run))
+    assert found is not None and found.step == 20
+    assert record_of(run, run / "out" / "checkpoint-2", read_manifest(run)) is None
+    assert named_step("/r/out/checkpoint-40") == 40 and named_step("epoch=0-step=60.ckpt") == 60
+    assert named_step("step000020.pt") == 20 and named_step("last.ckpt") is None
 
 
 # ---- ending recorded processes --------------------------------------------------------------
@@ -366,7 +403,8 @@ def test_a_command_that_cannot_start_fails_at_launch(tmp_path: Path) -> None:
     doc = json.loads(result.stdout)
     assert doc["result"] == "fail" and doc["failed_stage"] == "launch"
     assert [s["status"] for s in doc["stages"]] == ["fail"] + ["skipped"] * 5
-    assert doc["kept"] and Path(doc["run_dir"]).is_dir() and "hint" in doc
+    assert doc["kept"] and Path(doc["root"]).is_dir() and "hint" in doc
+    assert "no-such-program not found" in doc["stages"][0]["detail"]  # the launcher names it
 
 
 def test_the_table_ends_with_the_verdict_and_the_hint(tmp_path: Path,

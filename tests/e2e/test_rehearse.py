@@ -24,12 +24,28 @@ pytestmark = pytest.mark.e2e
 TRAIN = [sys.executable, str(REPO / "scripts" / "train_tiny.py"), "--ckpt-every", "20", "--log-every", "5",
          "--step-seconds", "0.05"]
 RUN_S = 120  # a bound on one rehearsal subprocess; never a sleep
+FRAMEWORKS = REPO / "tests" / "frameworks"
+# Stock framework jobs (no rgt code), long enough to be killed after the first save and stopped by
+# --steps after the relaunch; each start costs ~10 s here.
+HF = [sys.executable, str(FRAMEWORKS / "hf_tiny.py"), "--steps", "100000", "--save-every", "10",
+      "--log-every", "5", "--step-seconds", "0.05"]
+LIGHTNING = [sys.executable, str(FRAMEWORKS / "lightning_tiny.py"), "--logger", "csv", "--steps", "100000",
+             "--save-every", "10", "--log-every", "5", "--step-seconds", "0.05"]
+FRAMEWORK_S = 300
 
 
-def rehearse(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def rehearse(tmp_path: Path, *args: str, timeout_s: float = RUN_S) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RGT_HOME": str(tmp_path / "state")}
     return subprocess.run(rgt_cmd("rehearse", "--json", "--tmp-dir", str(tmp_path), *args), cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=RUN_S, check=False)
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+def rehearse_framework(tmp_path: Path, command: List[str]) -> subprocess.CompletedProcess[str]:
+    """A framework job rehearsed in its own working directory (its default output_dir lands there)."""
+    job = tmp_path / "job"
+    job.mkdir()
+    return rehearse(tmp_path, "--cwd", str(job), "--steps", "25", "--grace", "20s", "--timeout", "4m",
+                    "--", *command, timeout_s=FRAMEWORK_S)
 
 
 def stages(doc: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
@@ -56,7 +72,7 @@ def test_the_tiny_script_passes_every_stage(tmp_path: Path) -> None:
                                                 "safe load", "clean exit"]
     assert all(s["status"] == "pass" for s in doc["stages"]), doc["stages"]
     assert "resumed from checkpoints/step0000" in by_name["resume"]["detail"]
-    assert "3 checkpoints hash" in by_name["safe load"]["detail"]
+    assert "3 checkpoint files pulled and verified (rgt verify)" in by_name["safe load"]["detail"]
     # progress went to stderr as each stage completed; the private root is gone after a pass
     assert "rehearse: resume: pass" in done.stderr
     assert not doc["kept"] and not Path(doc["root"]).exists()
@@ -108,3 +124,23 @@ def test_sigterm_ends_the_rehearsal_and_everything_it_started(tmp_path: Path) ->
     failed = stages(doc)[doc["failed_stage"]]
     assert failed["detail"] == "interrupted" and "interrupted (Ctrl-C or SIGTERM)" in doc["notes"]
     assert doc["kept"] and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", [HF, LIGHTNING], ids=["hf-trainer", "lightning"])
+def test_a_stock_framework_script_passes_every_stage(tmp_path: Path, command: List[str]) -> None:
+    done = rehearse_framework(tmp_path, command)
+    doc = json.loads(done.stdout) if done.stdout.strip() else {}
+    assert done.returncode == 0 and doc.get("result") == "pass", done.stdout + done.stderr
+    by_name = stages(doc)
+    assert "resumed from" in by_name["resume"]["detail"], by_name["resume"]
+    assert "pulled and verified (rgt verify)" in by_name["safe load"]["detail"], by_name["safe load"]
+    assert "(--steps) by SIGTERM" in by_name["clean exit"]["detail"], by_name["clean exit"]
+    assert leftovers(tmp_path) == []
+
+
+def test_an_hf_script_that_ignores_its_resume_fails_at_resume(tmp_path: Path) -> None:
+    done = rehearse_framework(tmp_path, [*HF, "--ignore-resume"])
+    doc = json.loads(done.stdout) if done.stdout.strip() else {}
+    assert done.returncode == 1 and doc.get("failed_stage") == "resume", done.stdout + done.stderr
+    assert "under the checkpoint's step" in stages(doc)["resume"]["detail"], stages(doc)["resume"]
+    assert leftovers(tmp_path) == []

@@ -1,0 +1,205 @@
+"""Issue 14 acceptance: stock Hugging Face Trainer, Lightning and torchrun jobs, end to end.
+
+Each job is one of tests/frameworks/ (no rgt code in it), launched with `rgt launch local` (one
+through the test sshd) in its own working directory, so a framework's default output directory
+lands where a user's would. Each case asserts the exact wake (`rgt watch` exit code and event
+kind) and, for a healthy run, that pull + verify pass and `rgt teardown --plan` shows the gate open
+only after them. Jobs are tiny (tens of steps); every wait polls with a deadline.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Tuple
+
+import pytest
+
+from tests.e2e.rgtbox import TEST_ONBOX_ARGS, Rgt
+from tests.helpers import REPO, rgt_cmd, wait_until
+
+pytestmark = pytest.mark.e2e
+
+FRAMEWORKS = REPO / "tests" / "frameworks"
+HF = [sys.executable, str(FRAMEWORKS / "hf_tiny.py")]
+LIGHTNING = [sys.executable, str(FRAMEWORKS / "lightning_tiny.py")]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            str(FRAMEWORKS / "ddp_tiny.py")]
+# The sidecar stays a little after the job, so custody commits the last (directory) checkpoint.
+LINGER = "--onbox-arg=--sidecar-linger=8s"
+WATCH_S = 240  # a bound on one `rgt watch`; it ends sooner on the wake
+UNIT_RE = r"checkpoint-(\d+)"
+
+
+@functools.cache
+def launch_has_cwd() -> bool:
+    """Part F's `rgt launch --cwd`; without it the job runs in rgt's own working directory."""
+    out = subprocess.run(rgt_cmd("launch", "--help"), capture_output=True, text=True, timeout=60)
+    return "--cwd" in out.stdout
+
+
+def rgt_at(rgt: Rgt, cwd: Path, *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(rgt_cmd(*args), env=rgt.env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+def launch(rgt: Rgt, host: str, job_dir: Path, command: Sequence[str], *onbox: str) -> str:
+    """`rgt launch HOST` of `command` with its working directory `job_dir`; the run id."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    where = ["--cwd", str(job_dir)] if launch_has_cwd() else []
+    args = ["launch", host, "--root", str(rgt.root), "--json", *where, *TEST_ONBOX_ARGS, LINGER, *onbox,
+            "--", *command]
+    out = rgt_at(rgt, job_dir, *args)
+    assert out.returncode == 0, f"rgt launch exited {out.returncode}: {out.stderr}"
+    run = str(json.loads(out.stdout.strip().splitlines()[-1])["run_id"])
+    rgt.runs.append(run)
+    return run
+
+
+def watch(rgt: Rgt, run: str) -> Tuple[int, Dict[str, Any]]:
+    out = subprocess.run(rgt_cmd("watch", run, "--timeout", f"{WATCH_S - 20}s", "--json"), env=rgt.env,
+                         cwd=REPO, capture_output=True, text=True, timeout=WATCH_S)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    return out.returncode, (json.loads(lines[-1]) if lines else {"stderr": out.stderr})
+
+
+def rgt_json(rgt: Rgt, *args: str) -> Tuple[int, Dict[str, Any], str]:
+    out = subprocess.run(rgt_cmd(*args, "--json"), env=rgt.env, cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    return out.returncode, (json.loads(lines[-1]) if lines else {}), out.stderr
+
+
+def stored(rgt: Rgt, run: str, kind: str) -> List[Any]:
+    with rgt.store() as s:
+        return list(s.events(run, kind_prefix=kind))
+
+
+def sidecar_stopped(rgt: Rgt, run: str) -> None:
+    wait_until(lambda: stored(rgt, run, "sidecar.stopping"), 60, f"the sidecar of {run} to stop")
+
+
+def kind_of(record: Dict[str, Any]) -> Any:
+    return (record.get("event") or {}).get("kind")
+
+
+def gate(rgt: Rgt, run: str) -> Dict[str, Any]:
+    _, plan, err = rgt_json(rgt, "teardown", run, "--plan")
+    assert "gate" in plan, err
+    return dict(plan["gate"])
+
+
+def pull_verify_open(rgt: Rgt, run: str, dest: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
+    """Pull, verify, and the plan's gate; each must pass (the gate closed before the pull)."""
+    before = gate(rgt, run)
+    assert not before["open"], before
+    code, pulled, err = rgt_json(rgt, "pull", run, "--to", str(dest))
+    assert code == 0, f"pull: {err}"
+    code, report, err = rgt_json(rgt, "verify", run)
+    assert code == 0 and report["ok"], f"verify: {err} {json.dumps(report)[:2000]}"
+    after = gate(rgt, run)
+    assert after["open"], after
+    return pulled, report, after
+
+
+# ---- Hugging Face Trainer -------------------------------------------------------------------------
+
+
+def test_hf_default_output_dir_rotation_pull_verify_and_the_gate(rgt_local: Rgt, tmp_path: Path) -> None:
+    """Stock HF: output_dir "out" under the job's cwd (not $RGT_CKPT_DIR), save_total_limit=2 with
+    four saves two seconds apart (a save lives ~4 s before the rotation deletes it). Custody finds
+    the place, records each save once, the rotation is the job's own, and the gate opens only after
+    pull + verify."""
+    rgt = rgt_local
+    run = launch(rgt, "local", tmp_path / "job",
+                 [*HF, "--steps", "40", "--save-every", "10", "--log-every", "5", "--step-seconds", "0.2"])
+    code, record = watch(rgt, run)
+    assert code == 0, record
+    sidecar_stopped(rgt, run)
+    assert sorted(p.name for p in (tmp_path / "job" / "out").iterdir()) == ["checkpoint-30", "checkpoint-40"]
+
+    location = stored(rgt, run, "ckpt.location")
+    saved = stored(rgt, run, "ckpt.saved")
+    assert location, "custody never reported the job's output_dir (ckpt.location)"
+    assert "out" in json.dumps(location[0].data), location[0].data
+    assert saved and location[0].seq < saved[0].seq
+    assert len(saved) == 4, [e.data.get("path") for e in saved]  # one per save, never one per file
+    assert not stored(rgt, run, "ckpt.suspect"), [e.data for e in stored(rgt, run, "ckpt.suspect")]
+    removed = stored(rgt, run, "ckpt.removed")
+    names = json.dumps([e.data for e in removed])
+    assert "checkpoint-10" in names and "checkpoint-20" in names, names
+    assert all(e.data.get("by") == "job" for e in removed), [e.data for e in removed]
+
+    pulled, report, plan_gate = pull_verify_open(rgt, run, tmp_path / "pulled")
+    reports = json.dumps([pulled, report, plan_gate])
+    assert "rotated" in reports and "checkpoint-10" in reports, reports[:3000]
+    assert "missing" not in json.dumps(report.get("proofs", {}).get("identity", {})), report["proofs"]
+
+
+def test_hf_nan_under_the_default_nan_inf_filter_wakes(rgt_local: Rgt, tmp_path: Path) -> None:
+    """logging_nan_inf_filter=True (the default) hides the NaN loss; grad_norm and the weights
+    still say it: exit 10 on train.nonfinite."""
+    run = launch(rgt_local, "local", tmp_path / "job",
+                 [*HF, "--steps", "200", "--nan-at", "10", "--log-every", "2", "--save-every", "1000"])
+    code, record = watch(rgt_local, run)
+    assert code == 10 and kind_of(record) == "train.nonfinite", record
+
+
+# ---- Lightning --------------------------------------------------------------------------------------
+
+
+def test_lightning_csv_healthy_pull_verify_and_the_gate(rgt_local: Rgt, tmp_path: Path) -> None:
+    rgt = rgt_local
+    run = launch(rgt, "local", tmp_path / "job",
+                 [*LIGHTNING, "--logger", "csv", "--steps", "40", "--save-every", "10", "--log-every", "5"])
+    code, record = watch(rgt, run)
+    assert code == 0, record
+    sidecar_stopped(rgt, run)
+    progress = stored(rgt, run, "train.progress")
+    assert any(isinstance(e.data.get("step"), int) for e in progress), [e.data for e in progress[-3:]]
+    assert stored(rgt, run, "ckpt.saved"), "no Lightning checkpoint was recorded"
+    pull_verify_open(rgt, run, tmp_path / "pulled")
+
+
+def test_lightning_nan_wakes(rgt_local: Rgt, tmp_path: Path) -> None:
+    run = launch(rgt_local, "local", tmp_path / "job",
+                 [*LIGHTNING, "--logger", "csv", "--steps", "300", "--nan-at", "10", "--log-every", "2",
+                  "--save-every", "1000"])
+    code, record = watch(rgt_local, run)
+    assert code == 10 and kind_of(record) == "train.nonfinite", record
+
+
+# ---- torchrun -----------------------------------------------------------------------------------------
+
+
+def test_torchrun_a_crashed_rank_is_a_job_exit(rgt_local: Rgt, tmp_path: Path) -> None:
+    run = launch(rgt_local, "local", tmp_path / "job",
+                 [*TORCHRUN, "--steps", "400", "--crash-rank", "1", "--crash-at", "15"])
+    code, record = watch(rgt_local, run)
+    assert code == 10 and kind_of(record) == "job.exited", record
+    assert record["event"]["data"].get("code") not in (0, None), record
+
+
+def test_torchrun_a_hung_rank_is_a_stall_with_stacks_naming_the_collective(rgt_local: Rgt,
+                                                                          tmp_path: Path) -> None:
+    run = launch(rgt_local, "local", tmp_path / "job",
+                 [*TORCHRUN, "--steps", "100000", "--hang-rank", "1", "--hang-at", "20", "--log-every", "2"],
+                 "--onbox-arg=--stall-floor=3", "--onbox-arg=--stall-grace=120")
+    code, record = watch(rgt_local, run)
+    assert code == 10 and kind_of(record) == "job.stalled", record
+    stalled = wait_until(lambda: stored(rgt_local, run, "job.stalled"), 30, "the stored job.stalled")[0]
+    data = stalled.data
+    assert data.get("stacks"), f"job.stalled carries no stacks: {data}"
+    stacks = json.dumps(data["stacks"])
+    assert "ddp_tiny.py" in stacks, stacks[:2000]
+    verdict = str(data.get("verdict"))
+    assert "collective" in verdict and "rank" in verdict, data
+
+
+def test_torchrun_through_the_sshd_a_crashed_rank_is_a_job_exit(rgt_box: Rgt, tmp_path: Path) -> None:
+    run = launch(rgt_box, "box", rgt_box.root.parent / "ddp-job",
+                 [*TORCHRUN, "--steps", "400", "--crash-rank", "0", "--crash-at", "10"])
+    code, record = watch(rgt_box, run)
+    assert code == 10 and kind_of(record) == "job.exited", record
