@@ -12,30 +12,40 @@
      run, when HOST sees a file of that size there: nothing is pushed, the launcher verifies it;
    - or as a local copy: a file in a pulled dir (or --checkpoint FILE) that hashes to the recorded
      SHA-256 now (so no PULL_VERIFIED.json is needed). A copy with other bytes is skipped (and named
-     in the plan's notes).
+     in the plan's notes). A directory unit (HF `checkpoint-N/`: kind "dir" in its ckpt.saved event
+     or custody record) is found in a pull at its run-relative path, its event's `pull_path`, or a
+     `unit` of the pull's PULL_MANIFEST.json with its name, and is usable when its unit digest
+     (`unit_digest`: the files listed as custody lists them, temporary names left out) is the
+     recorded one; a durable one when HOST sees a directory there.
    A checkpoint whose weights the newest `rgt verify` found NaN/Inf in (its verify.done record) is
    never picked, unless allow_nonfinite (`--allow-nonfinite`); the plan's notes name it.
-3. Push (rsync over HOST's ssh master, controller/ssh.py): the checkpoint into the new run's
-   checkpoint dir <root>/<project>/active/<new-run>/checkpoints/, and with --code DIR that
+3. Push (rsync over HOST's ssh master, controller/ssh.py): the checkpoint (a directory unit whole,
+   temporary names left out) into the new run's checkpoint dir
+   <root>/<project>/active/<new-run>/checkpoints/, and with --code DIR that
    directory's contents into the command's cwd there (.git, __pycache__ and pulled runs left out).
 4. Launch the same command in the same cwd through `rgt-onbox launch --resume-from PATH
-   --resume-sha256 HEX --resume-step N --resumes OLD`: the launcher hashes the file again, refuses a
-   mismatch, records it in the new run's custody and sets RGT_RESUME_FROM. The new run is stored with
-   `resumed_from` = OLD, so `rgt status` shows one history.
+   --resume-sha256 HEX --resume-step N --resumes OLD` (HEX: a directory's unit digest): the launcher
+   hashes the file (each file of the directory) again, refuses a mismatch, records it in the new
+   run's custody and sets RGT_RESUME_FROM. The new run is stored with `resumed_from` = OLD, so
+   `rgt status` shows one history.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 import posixpath
 import re
 import secrets
 import shlex
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import profiles
+from protocol.pull import FILENAME as PULL_MANIFEST
+from protocol.pull import is_temporary
 
 from controller import install
 from controller.install import LOCAL, InstallError
@@ -56,6 +66,9 @@ CARRIED = (("scalars", "--watch-scalar"), ("log_regex", "--log-regex"), ("stall_
            ("expected_seconds", "--expected-seconds"), ("stale_after_s", "--stale-after"),
            ("durable_policy", "--durable-policy"))
 Shell = Union[Ssh, LocalShell]
+DIR = "dir"  # a custody record's kind for a directory unit (onbox.manifest.DIR)
+# What a directory unit's push leaves out: the temporary names custody never counts (is_temporary).
+TEMP_EXCLUDES = (".*", "*.tmp", "*.partial", "*.tmp.*", "tmp-*", "tmp_*")
 
 
 class ResumeError(Exception):
@@ -77,6 +90,8 @@ class Checkpoint:
     step: Optional[int]
     ts: float
     durable: Optional[str] = None
+    kind: str = "file"                     # "dir": a directory unit; sha256 is its unit digest
+    pull_path: Optional[str] = None        # where a unit recorded outside the run dir lies in a pull
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -215,7 +230,10 @@ def custody(store: Store, run_id: str, dirs: Sequence[Path]) -> List[Checkpoint]
         rel, sha, size = d.get("path"), d.get("sha256"), _int(d.get("size"))
         if isinstance(rel, str) and rel and isinstance(sha, str) and len(sha) == 64 and size is not None \
                 and (rel, sha) not in found:
-            found[(rel, sha)] = Checkpoint(rel, sha, size, _int(d.get("step")), float(ts or 0.0))
+            pull_path = d.get("pull_path")
+            found[(rel, sha)] = Checkpoint(rel, sha, size, _int(d.get("step")), float(ts or 0.0),
+                                           kind=DIR if d.get("kind") == DIR else "file",
+                                           pull_path=pull_path if isinstance(pull_path, str) else None)
 
     for ev in all_events(store, run_id, "ckpt.saved"):
         add(ev.data, ev.ts)
@@ -255,6 +273,39 @@ def _inside_rel(rel: str) -> bool:
     return not rel.startswith("/") and ".." not in parts and "" not in parts
 
 
+def unit_digest(rows: Iterable[Tuple[str, int, str]]) -> str:
+    """A directory unit's digest: SHA-256 over the sorted lines "relpath\0size\0sha256\n" (UTF-8),
+    the same as onbox.manifest.unit_digest (tests/controller/test_resume_dirs.py holds them equal)."""
+    h = hashlib.sha256()
+    for rel, size, sha in sorted(rows):
+        h.update(f"{rel}\0{size}\0{sha}\n".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+def unit_files(unit: Path) -> List[Tuple[str, Path]]:
+    """(POSIX path under `unit`, path) of every regular file a directory unit holds, as custody lists
+    one (onbox.ckptunits.signature): no symlink followed, temporary names left out."""
+    out: List[Tuple[str, Path]] = []
+    for base, dirs, files in os.walk(unit):
+        dirs[:] = [d for d in dirs if not is_temporary(d)]
+        for name in files:
+            path = Path(base, name)
+            if not is_temporary(name) and path.is_file() and not path.is_symlink():
+                out.append((path.relative_to(unit).as_posix(), path))
+    return sorted(out)
+
+
+def _pulled_units(where: Path, name: str) -> List[str]:
+    """The directory units named `name` in a pull's PULL_MANIFEST.json (units outside the run dir
+    lie under rgt/external/ there)."""
+    doc = _read_json(where / "rgt" / PULL_MANIFEST) or {}
+    listed = doc.get("files")
+    files: List[Any] = listed if isinstance(listed, list) else []
+    units = {str(e.get("unit")) for e in files if isinstance(e, dict) and isinstance(e.get("unit"), str)
+             and e.get("unit") != e.get("path")}
+    return sorted(u for u in units if posixpath.basename(u) == name and _inside_rel(u))
+
+
 class Finder:
     """Finds usable copies of checkpoints: local files that hash right, durable ones HOST sees."""
 
@@ -272,8 +323,27 @@ class Finder:
             self._hashes[path] = self._hash_file(path)
         return self._hashes[path]
 
+    def unit_digest(self, unit: Path) -> str:
+        """The unit digest of a local directory, its files hashed now (once each)."""
+        return unit_digest((rel, path.stat().st_size, self.hash(path)) for rel, path in unit_files(unit))
+
+    def local_dir(self, ck: Checkpoint) -> Optional[Path]:
+        """A pulled copy of the directory unit `ck` whose files have its unit digest now."""
+        for where in self.dirs:
+            rels = [r for r in (ck.rel, ck.pull_path) if r and _inside_rel(r)]
+            for rel in dict.fromkeys(rels + _pulled_units(where, posixpath.basename(ck.rel.rstrip("/")))):
+                path = where / rel
+                if not path.is_dir():
+                    continue
+                if self.unit_digest(path) == ck.sha256:
+                    return path
+                self.notes.append(f"skipped {path}: its files are not the {ck.sha256[:12]} custody hashed")
+        return None
+
     def local(self, ck: Checkpoint) -> Optional[Path]:
-        """A pulled copy of `ck` whose bytes hash to its SHA-256 now."""
+        """A pulled copy of `ck` whose bytes hash to its SHA-256 now (a directory: its unit digest)."""
+        if ck.kind == DIR:
+            return self.local_dir(ck)
         if not _inside_rel(ck.rel):
             return None
         for where in self.dirs:
@@ -289,18 +359,19 @@ class Finder:
         return None
 
     def durable(self, ck: Checkpoint) -> bool:
-        """`ck` has a durable copy under a named durable dir, and HOST sees a file of its size there."""
+        """`ck` has a durable copy under a named durable dir, and HOST sees a file of its size there
+        (a directory unit: a directory; the launcher checks its unit digest)."""
         path = posixpath.normpath(ck.durable) if ck.durable else ""
         return bool(path) and any(path.startswith(root + "/") for root in self.roots) \
-            and self.visible(path, ck.size)
+            and self.visible(path, -1 if ck.kind == DIR else ck.size)
 
 
 def _given(want: str, candidates: List[Checkpoint], finder: Finder,
            run: str) -> Tuple[List[Checkpoint], Optional[Path]]:
     """--checkpoint: a local file that hashes to a recorded checkpoint, or a recorded one by name."""
     path = Path(want).expanduser()
-    if path.is_file():
-        sha = finder.hash(path)
+    if path.is_file() or path.is_dir():
+        sha = finder.hash(path) if path.is_file() else finder.unit_digest(path)
         same = [c for c in candidates if c.sha256 == sha]
         if not same:
             raise ResumeError(f"{path} is no checkpoint custody hashed for {run} (SHA-256 {sha[:12]}... "
@@ -378,6 +449,9 @@ def durable_roots(store: Store, host: str, doc: Dict[str, Any]) -> List[str]:
 
 def _visible(shell: Shell) -> Callable[[str, int], bool]:
     def visible(path: str, size: int) -> bool:
+        """HOST sees a file of `size` bytes at `path` (size -1: a directory)."""
+        if size < 0:
+            return shell.run(f"test -d {shlex.quote(path)}", check=False, timeout_s=60).returncode == 0
         done = shell.run(f"stat -c %s -- {shlex.quote(path)}", check=False, timeout_s=60)
         return done.returncode == 0 and done.stdout.strip() == str(size).encode()
     return visible
@@ -492,7 +566,8 @@ def execute(store: Store, plan: Plan, shell: Optional[Shell] = None) -> Dict[str
         if plan.code:
             shell.push(Path(plan.code), plan.cwd, excludes=code_excludes(store, Path(plan.code)))
         if plan.source == "local" and plan.local_path:
-            shell.push(Path(plan.local_path), plan.resume_from)
+            unit = plan.checkpoint.kind == DIR
+            shell.push(Path(plan.local_path), plan.resume_from, excludes=TEMP_EXCLUDES if unit else ())
         out = shell.run(launch_line(plan, onbox, record), check=False, timeout_s=LAUNCH_TIMEOUT_S)
     except InstallError as e:
         raise ResumeError(e.message, e.hint) from e

@@ -222,10 +222,12 @@ _root_option = click.option(
                    "JOB_COMPLETION_INDEX or NODE_RANK). Its stream is <run-id>.<node>.")
 @click.option("--preempt-grace", "preempt_grace_s", type=click.FloatRange(min=0), default=None,
               metavar="SECONDS", help="Grace a preemption gives (default: the profile's [spot] grace_s).")
-@click.option("--resume-from", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Resume from this checkpoint (pushed by `rgt resume`): hashed, recorded, RGT_RESUME_FROM.")
+@click.option("--resume-from", type=click.Path(path_type=Path), default=None, metavar="FILE|DIR",
+              help="Resume from this checkpoint, a file or a directory unit such as HF's checkpoint-N "
+                   "(pushed by `rgt resume`): hashed, recorded, RGT_RESUME_FROM.")
 @click.option("--resume-sha256", default=None, metavar="HEX",
-              help="The SHA-256 the --resume-from file must have; refused when it differs.")
+              help="The SHA-256 of the --resume-from file, or a directory's unit digest; refused when "
+                   "it differs.")
 @click.option("--resume-step", type=click.IntRange(min=0), default=None,
               help="The step of --resume-from: a job that starts far below it is train.restarted_from_zero.")
 @click.option("--resumes", default=None, metavar="RUN",

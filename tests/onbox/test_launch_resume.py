@@ -115,7 +115,7 @@ def test_a_name_taken_by_other_bytes_is_not_overwritten(rig: Rig) -> None:
 @pytest.mark.parametrize("kw, says", [
     ({"resume_sha256": None}, "--resume-from needs --resume-sha256"),
     ({"resume_sha256": "abc"}, "is not 64 hex digits"),
-    ({"resume_from": "missing.pt"}, "no such file here"),
+    ({"resume_from": "missing.pt"}, "no such file or directory here"),
     ({"resume_from": None}, "which is missing"),
 ])
 def test_resume_options_that_do_not_fit_are_usage_errors(rig: Rig, kw: Dict[str, Any], says: str) -> None:
