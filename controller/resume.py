@@ -254,11 +254,12 @@ def without_nonfinite(store: Store, run_id: str, candidates: List[Checkpoint],
     bad = nonfinite_checkpoints(store.local_events(run_id))
     names = {str(b["path"]) for b in bad} | {str(b["unit"]).rstrip("/") for b in bad if b.get("unit")}
 
-    def hit(rel: str) -> bool:
-        return rel in names or any(rel.startswith(n + "/") for n in names)
+    def hit(c: Checkpoint) -> bool:  # verify names a unit outside the run dir by its pull path
+        return any(rel in names or any(rel.startswith(n + "/") for n in names)
+                   for rel in (c.rel, c.pull_path) if rel)
 
-    out = [c for c in candidates if allow or not hit(c.rel)]
-    skipped = [c.rel for c in candidates if hit(c.rel)]
+    out = [c for c in candidates if allow or not hit(c)]
+    skipped = [c.rel for c in candidates if hit(c)]
     notes = [f"{'allowed' if allow else 'skipped'} {rel}: `rgt verify` found NaN/Inf in its weights"
              + ("" if allow else " (pass --allow-nonfinite to resume from it anyway)") for rel in skipped]
     if candidates and not out:

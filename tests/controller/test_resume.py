@@ -123,6 +123,21 @@ def test_a_checkpoint_verify_found_nonfinite_is_never_picked_without_allow_nonfi
     assert "NON-FINITE: checkpoints/step000060.pt (step 60) holds NaN/Inf weights" in text
 
 
+def test_a_nonfinite_unit_outside_the_run_dir_is_matched_by_its_pull_path(store: Store) -> None:
+    # HF's default output_dir lies outside the run dir: custody records an absolute path, and verify
+    # names the unit by where it lies in the pull (rgt/external/...).
+    store.add_local_event(RUN, "verify.done", "warn", {
+        "ok": False, "nonfinite": [{"path": "rgt/external/out-1a2b3c4d/checkpoint-60/model.safetensors",
+                                    "unit": "rgt/external/out-1a2b3c4d/checkpoint-60", "step": 60}]})
+    bad = Checkpoint(rel="/work/out/checkpoint-60", sha256="a" * 64, size=1, step=60, ts=2.0, kind="dir",
+                     pull_path="rgt/external/out-1a2b3c4d/checkpoint-60")
+    good = Checkpoint(rel="/work/out/checkpoint-40", sha256="b" * 64, size=1, step=40, ts=1.0, kind="dir",
+                      pull_path="rgt/external/out-1a2b3c4d/checkpoint-40")
+    kept, notes = resume.without_nonfinite(store, RUN, [bad, good], allow=False)
+    assert kept == [good] and any("checkpoint-60" in n for n in notes)
+    assert resume.without_nonfinite(store, RUN, [bad, good], allow=True)[0] == [bad, good]
+
+
 def test_a_durable_copy_the_new_box_sees_needs_no_push(old: Old, store: Store, tmp_path: Path) -> None:
     durable = tmp_path / "vol"
     old.pull([40], doc={**old.doc, "durable_dir": str(durable)})
