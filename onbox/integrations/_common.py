@@ -28,6 +28,18 @@ _FAILED: Set[str] = set()
 _STACK_FILES: Dict[int, IO[str]] = {}  # pid -> the open file faulthandler writes into
 
 
+def lazy_class(namespace: Dict[str, Any], module: str, build: Callable[[], type]) -> Callable[[str], Any]:
+    """A module-level `__getattr__` that builds `RgtCallback` on first access (importing the
+    framework only then) and caches it in the module's namespace."""
+    def getattr_(name: str) -> Any:
+        if name == "RgtCallback":
+            cls = build()
+            namespace[name] = cls
+            return cls
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    return getattr_
+
+
 def run_dir() -> Optional[str]:
     return os.environ.get("RGT_RUN_DIR") or None
 

@@ -19,7 +19,14 @@ import importlib
 import os
 from typing import Any, Dict, Optional, Set
 
-from onbox.integrations._common import guarded, hint, log_metrics, register_stacks, warn_resume_ignored
+from onbox.integrations._common import (
+    guarded,
+    hint,
+    lazy_class,
+    log_metrics,
+    register_stacks,
+    warn_resume_ignored,
+)
 
 FRAMEWORK = "hf"
 PREFIX = "checkpoint-"
@@ -92,12 +99,7 @@ def callback_class() -> type:
     return _CLASS
 
 
-def __getattr__(name: str) -> Any:
-    if name == "RgtCallback":
-        cls = callback_class()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_class(globals(), __name__, callback_class)
 
 
 __all__ = ["RgtHooks", "callback_class"]  # and RgtCallback, built by __getattr__

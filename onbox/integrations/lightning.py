@@ -32,7 +32,14 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-from onbox.integrations._common import guarded, hint, log_metrics, register_stacks, warn_resume_ignored
+from onbox.integrations._common import (
+    guarded,
+    hint,
+    lazy_class,
+    log_metrics,
+    register_stacks,
+    warn_resume_ignored,
+)
 
 FRAMEWORK = "lightning"
 PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -234,12 +241,7 @@ def callback_class(package: Optional[str] = None) -> type:
     return _CLASSES[name]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "RgtCallback":
-        cls = callback_class()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_class(globals(), __name__, callback_class)
 
 
 __all__ = ["RgtHooks", "callback_class"]  # and RgtCallback, built by __getattr__
