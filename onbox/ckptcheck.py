@@ -1,11 +1,12 @@
 """Structural checks of checkpoint files (and the step they name), standard library only. Nothing is
 ever unpickled here.
 
-A check reads only what locates the tensors, never the tensors themselves:
+A check reads what locates the tensors (and, for safetensors, a sample of their raw bytes):
 
 - safetensors: the 8-byte little-endian header length, the JSON header, every dtype known, every
   tensor's byte span equal to prod(shape) x dtype size, spans contiguous (no overlap, no hole) and
-  covering the data section exactly (what the safetensors loader itself demands).
+  covering the data section exactly (what the safetensors loader itself demands); then the head of
+  each float tensor is sampled for NaN/Inf (`onbox.ckptfinite`: raw bytes, nothing decoded).
 - torch zip (`torch.save` since 1.6): the zip central directory parses, a `data.pkl` member exists,
   and every member's recorded span lies inside the file. No member is decompressed or read.
 - legacy torch / raw pickle: recognized by its magic and reported "unchecked" (judging a pickle
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import IO, Any, Dict, List, Mapping, Optional, Tuple
 
 from protocol.pull import is_temporary  # re-exported: custody and the manifest use it from here
+
+from onbox import ckptfinite
 
 OK = "ok"
 BAD = "bad"
@@ -59,6 +62,7 @@ class CheckResult:
     reason: Optional[str] = None
     metadata: Dict[str, str] = dataclasses.field(default_factory=dict)
     tensors: Optional[int] = None
+    nonfinite: Tuple[str, ...] = ()    # safetensors: float tensors whose sampled head is NaN/Inf
 
 
 class _Bad(Exception):
@@ -142,7 +146,8 @@ def _check_safetensors(f: IO[bytes], size: int) -> CheckResult:
     metadata = _metadata(header.pop("__metadata__", None))
     spans = [_span(key, info) for key, info in header.items()]
     _check_spans(spans, size - 8 - n)
-    return CheckResult(SAFETENSORS, OK, metadata=metadata, tensors=len(spans))
+    nonfinite, _ = ckptfinite.sample_nonfinite(f, 8 + n, header)
+    return CheckResult(SAFETENSORS, OK, metadata=metadata, tensors=len(spans), nonfinite=tuple(nonfinite))
 
 
 def _metadata(meta: Any) -> Dict[str, str]:

@@ -162,6 +162,7 @@ class CustodyCore:
         self._last: Optional[manifest.Record] = None
         self._since = 0.0
         self._stale = False
+        self._weights_bad = False                       # the newest sampled weights were NaN/Inf
         self._degraded = False
 
     def _validate(self) -> None:
@@ -351,6 +352,7 @@ class CustodyCore:
                                  inode=key0[2], step=step, format=check.format, ts=self._clock(),
                                  root=self._outside_root(unit, root))
         self._finish(unit, record, via, check.status, time.perf_counter() - started)
+        self._judge_weights(record, [("", check)])
 
     def _process_dir(self, unit: str, via: str, root: str) -> None:
         """Hash (file by file), check and record one committed directory unit."""
@@ -387,6 +389,28 @@ class CustodyCore:
         checked = "ok" if all(f.check.status == ckptcheck.OK or f.check.format == ckptcheck.OTHER
                               for f in result.files) else "unchecked"
         self._finish(unit, record, via, checked, time.perf_counter() - started)
+        self._judge_weights(record, [(f.path, f.check) for f in result.files])
+
+    def _judge_weights(self, record: manifest.Record,
+                       checks: List[Tuple[str, ckptcheck.CheckResult]]) -> None:
+        """`train.nonfinite` (name "checkpoint weights") when a new checkpoint's sampled safetensors
+        weights hold NaN/Inf, and its clear at the next checkpoint whose weights are finite. A unit
+        with no safetensors file says nothing either way (torch files are judged by `rgt verify`)."""
+        sampled = [(rel, c) for rel, c in checks if c.format == ckptcheck.SAFETENSORS]
+        if not sampled:
+            return
+        bad = [(rel, c.nonfinite) for rel, c in sampled if c.nonfinite]
+        with self._cond:
+            was, self._weights_bad = self._weights_bad, bool(bad)
+        if bool(bad) == was:
+            return
+        where = record.path if not bad or not bad[0][0] else f"{record.path}/{bad[0][0]}"
+        data: Dict[str, Any] = {"state": "onset" if bad else "cleared", "name": "checkpoint weights",
+                                "value": "NaN/Inf" if bad else "finite", "step": record.step, "epoch": None,
+                                "source": f"checkpoint {where}", "path": record.path}
+        if bad:
+            data["tensors"] = list(bad[0][1])
+        self._emit("train.nonfinite", data, "critical" if bad else "info")
 
     def _outside_root(self, unit: str, root: str) -> Optional[str]:
         if not os.path.isabs(self._rec_path(unit)):

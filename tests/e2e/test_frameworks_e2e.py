@@ -109,12 +109,13 @@ def pull_verify_open(rgt: Rgt, run: str, dest: Path) -> Tuple[Dict[str, Any], Di
 
 def test_hf_default_output_dir_rotation_pull_verify_and_the_gate(rgt_local: Rgt, tmp_path: Path) -> None:
     """Stock HF: output_dir "out" under the job's cwd (not $RGT_CKPT_DIR), save_total_limit=2 with
-    four saves two seconds apart (a save lives ~4 s before the rotation deletes it). Custody finds
-    the place, records each save once, the rotation is the job's own, and the gate opens only after
-    pull + verify."""
+    four saves five seconds apart (a save lives ~10 s before the rotation deletes it: room for the
+    5 s location scan plus the 2 s settle even on a loaded machine). Custody finds the place,
+    records each save once, the rotation is the job's own, and the gate opens only after pull +
+    verify."""
     rgt = rgt_local
     run = launch(rgt, "local", tmp_path / "job",
-                 [*HF, "--steps", "40", "--save-every", "10", "--log-every", "5", "--step-seconds", "0.2"])
+                 [*HF, "--steps", "40", "--save-every", "10", "--log-every", "5", "--step-seconds", "0.5"])
     code, record = watch(rgt, run)
     assert code == 0, record
     sidecar_stopped(rgt, run)

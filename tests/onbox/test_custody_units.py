@@ -363,3 +363,30 @@ def test_manifest_reads_old_lines_dir_records_and_removals(tmp_path: Path) -> No
     assert manifest.newest_good(run) == run / "a.pt"
     torch.save({"w": torch.ones(1)}, run / "out" / "checkpoint-2" / "model.pt")
     assert not rec.matches(run)
+
+
+def test_nan_weights_in_a_new_checkpoint_wake_once_and_clear_on_a_finite_one(custody: Factory) -> None:
+    st = pytest.importorskip("safetensors.torch")
+    h = custody()
+
+    def save(step: int, value: float) -> None:
+        unit = h.ckpt / f"tmp-checkpoint-{step}"
+        unit.mkdir(parents=True)
+        st.save_file({"w": torch.full((16, 16), value)}, str(unit / "model.safetensors"))
+        (unit / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        os.rename(unit, h.ckpt / f"checkpoint-{step}")
+
+    save(10, 1.0)
+    h.events.wait_for("ckpt.saved", 1)
+    save(20, float("nan"))
+    [onset] = h.events.wait_for("train.nonfinite", 1)
+    assert (onset["state"], onset["name"], onset["step"], onset["tensors"]) == (
+        "onset", "checkpoint weights", 20, ["w"])
+    assert onset["source"] == "checkpoint checkpoints/checkpoint-20/model.safetensors"
+    save(30, float("nan"))                       # still NaN: no second wake
+    h.events.wait_for("ckpt.saved", 3)
+    save(40, 2.0)
+    cleared = h.events.wait_for("train.nonfinite", 2)[1]
+    assert (cleared["state"], cleared["step"]) == ("cleared", 40)
+    h.idle()
+    assert len(h.events.of("train.nonfinite")) == 2
