@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from onbox import manifest
+from onbox import manifest, strays
 from onbox.errors import OnboxError
 from onbox.fsutil import write_atomic, write_json_atomic
 
@@ -475,6 +475,7 @@ class StopResult:
     code: Optional[int] = None
     signal: Optional[int] = None
     pgid: Optional[int] = None
+    strays: int = 0              # the job's processes outside its group (torchrun ranks) also stopped
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -530,6 +531,7 @@ def stop_run(run_dir: Path, grace_s: float = 30.0, *, exit_wait_s: float = 10.0,
         result.outcome = "killed"
         wait_for(lambda: not group_members(pgid), exit_wait_s, 0.05)
     wait_for(lambda: not job.alive(), exit_wait_s, 0.05)  # the wrapper records the exit, then ends
+    result.strays = _stop_strays(paths.run_dir, grace_s if result.outcome == "stopped" else 0.0)
     exit_doc = read_json(paths.exit_json)
     if exit_doc is not None:
         code, sig = exit_doc.get("code"), exit_doc.get("signal")
@@ -537,6 +539,19 @@ def stop_run(run_dir: Path, grace_s: float = 30.0, *, exit_wait_s: float = 10.0,
         result.signal = sig if isinstance(sig, int) else None
     result.detail = run_status(paths.run_dir).label
     return result
+
+
+def _stop_strays(run_dir: Path, grace_s: float) -> int:
+    """SIGTERM, then after `grace_s` SIGKILL, the job's processes outside its group (torchrun's
+    ranks: see onbox.strays); how many there were."""
+    left = strays.job_processes(run_dir)
+    if not left:
+        return 0
+    strays.signal_all(left, signal.SIGTERM)
+    if not wait_for(lambda: not strays.job_processes(run_dir), grace_s, 0.1):
+        strays.signal_all(strays.job_processes(run_dir), signal.SIGKILL)
+        wait_for(lambda: not strays.job_processes(run_dir), 5.0, 0.05)
+    return len(left)
 
 
 def render_stop(result: StopResult, as_json: bool, out: IO[str]) -> None:

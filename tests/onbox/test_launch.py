@@ -401,6 +401,32 @@ def test_stop_terms_the_group_then_kills_after_the_grace(rig: Rig) -> None:
     assert stop_run(hard.run_dir, 1.0).outcome == "not_running"
 
 
+def test_stop_also_ends_the_jobs_processes_that_left_its_group(rig: Rig) -> None:
+    # torchrun starts each rank in a session of its own: killing the job's group alone leaves the ranks
+    # running. A rank that ignores SIGTERM is killed after the grace; a process of another run is not.
+    rank = ("import signal, sys\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('rank up', flush=True)\n"
+            "while True: signal.pause()\n")
+    agent = ("import subprocess, sys, signal\n"
+             f"r = subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session=True)\n"
+             "print('rank', r.pid, flush=True)\n"
+             "while True: signal.pause()\n")
+    job = rig.launch(py(agent), run_id="torchrun-like", sidecar=False)
+    other = rig.launch(py("import signal\nprint('up', 1)\nwhile True: signal.pause()"), run_id="bystander",
+                       sidecar=False)
+    pid = int(wait_until(lambda: log_line(job.run_dir, "rank "), 10, "the rank"))
+    wait_until(lambda: log_line(other.run_dir, "up "), 10, "the other run")
+    ref = ProcRef.of(pid)
+    assert ref is not None and ref.alive() and os.getpgid(pid) != os.getpgid(job.job_pid)
+
+    result = stop_run(job.run_dir, 0.5)
+    assert result.strays == 1
+    wait_until(lambda: not ref.alive(), 10, "the rank to be gone")
+    assert run_status(other.run_dir).state == "running"
+    assert stop_run(other.run_dir, 5.0).strays == 0
+
+
 # ---- the supervisor -----------------------------------------------------------------------------
 
 

@@ -10,8 +10,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Set
 
+import psutil
 import pytest
 
 from onbox.detectors.hang import (
@@ -115,15 +116,35 @@ def ddp_hang(tmp_path: Path) -> Iterator[subprocess.Popen]:  # type: ignore[type
                              "--hang-rank", "1", "--hang-at", "10", "--steps", "1000"],
                             cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
+    ranks: Set[int] = set()
     try:
         yield proc
     finally:
+        # torchrun starts each rank in a session of its own, so killpg misses them: end them by pid,
+        # read from the tree while torchrun still lives.
+        try:
+            ranks = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+        except psutil.Error:
+            pass
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
             pass
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         proc.wait(30)
+        psutil.wait_procs([p for p in map(_proc, ranks) if p is not None], timeout=30)
         log.close()
+
+
+def _proc(pid: int) -> Optional[psutil.Process]:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
 
 
 @pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")
