@@ -204,10 +204,6 @@ def _coverage(view: Dict[str, Any], files: Dict[str, Dict[str, Any]], where: Pat
             found.append(("removed_checkpoint", f"checkpoint {r['path']} was removed from the box by "
                           f"something other than the job's rotation ({why}), and the pull does not hold it: "
                           "suspect"))
-    if kept == 0:
-        found.insert(0, ("no_checkpoint", "no recorded checkpoint: custody recorded none for this run, so "
-                         "nothing proves its checkpoints were pulled (they may sit where custody did not "
-                         "watch; see the box's ckpt.location events)"))
     for item in view["unrecorded"]:
         path = item.get("path") if isinstance(item, dict) else item
         why = item.get("reason", "outside every watched place") if isinstance(item, dict) else "no record"
@@ -217,6 +213,10 @@ def _coverage(view: Dict[str, Any], files: Dict[str, Dict[str, Any]], where: Pat
                       f"({why}{shown}): custody never hashed it, so no pull can prove it"))
     found += [("partial_checkpoint", f"partial checkpoint file {p} on the box (a save in progress "
                "or abandoned)") for p in view["partials"]]
+    if kept == 0:  # last: a file named above says more than "none recorded"
+        found.append(("no_checkpoint", "no recorded checkpoint: custody recorded none for this run, so "
+                      "nothing proves its checkpoints were pulled (they may sit where custody did not "
+                      "watch; see the box's ckpt.location events)"))
     return found
 
 
