@@ -15,7 +15,9 @@ when it was renamed into place (a move to a non-temporary name, or a creation wi
 it: a rename from another directory), or when it was closed after a write and then stayed quiet
 (size, mtime and inode unchanged for `settle_s`). A directory unit commits when it was renamed
 into place (`tmp-checkpoint-N` -> `checkpoint-N`) and is quiet, when its framework's last file
-(HF: trainer_state.json) was written and it is quiet with no file left open, when it stayed quiet
+(HF: trainer_state.json) was closed and it is quiet (`FINAL_QUIET_S`, or `settle_s` if shorter) with
+no file left open (HF rotates old saves right after that file, so waiting long loses races against a
+fast run), when it stayed quiet
 for `unit_settle_s` (no known last file), or at once when a `checkpoint` hint names it. Under the
 polling observer (no close events) quiet is enough. A unit is hashed file by file, recorded once
 and judged once: one `ckpt.saved` or one `ckpt.suspect` per save. Writes into a unit already
@@ -82,6 +84,8 @@ from onbox.sources.checkpoints import (
 )
 
 log = logging.getLogger(__name__)
+
+FINAL_QUIET_S = 0.5  # quiet a directory needs once its framework's last file is closed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,7 +376,9 @@ class CustodyMonitor(CustodyCore):
         if p.kind == DIR:
             if p.open:
                 return False
-            if p.need == QUIET or p.final_done:
+            if p.final_done and p.need != QUIET:  # the framework's last file is closed: a short quiet
+                return quiet >= min(c.settle_s, FINAL_QUIET_S)
+            if p.need == QUIET:
                 return quiet >= c.settle_s
             return ckptunits.final_file(os.path.basename(unit)) is None and quiet >= c.unit_settle_s
         if p.need == CLOSE:

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
+from . import manifest
 from .custody import CustodyConfig
 from .errors import ConfigError
 from .training import TrainingConfig
@@ -50,15 +51,25 @@ def _path(run_dir: Path, value: Any) -> Optional[Path]:
 
 
 def resume_step(run_dir: Path) -> Optional[int]:
-    """The step of the checkpoint a resumed run started from (run.json "resume", written by the
-    launcher for `--resume-from`), or None."""
+    """The step of the checkpoint this attempt started from (run.json "resume", written by the
+    launcher for `--resume-from`; else the custody record of run.json "resume_from"), or None."""
     try:
         meta = json.loads((Path(run_dir) / "run.json").read_text())
     except (OSError, ValueError):
         return None
     resume = meta.get("resume") if isinstance(meta, dict) else None
     step = resume.get("step") if isinstance(resume, dict) else None
+    if step is None and isinstance(meta, dict) and isinstance(meta.get("resume_from"), str):
+        step = _recorded_step(Path(run_dir), Path(meta["resume_from"]))
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
+
+def _recorded_step(run_dir: Path, path: Path) -> Optional[int]:
+    """The step custody recorded for the checkpoint at `path` (a relaunch in place resumes from it)."""
+    for record in reversed(manifest.read(run_dir)):
+        if record.location(run_dir) == path:
+            return record.step
+    return None
 
 
 def job_cwd(run_dir: Path) -> Optional[Path]:

@@ -44,9 +44,11 @@ again and the active episodes (non-finite, zero metric, spike, stall, slow) end 
 the new job's first NaN is reported. The high-water step and the tail positions carry over, so a
 relaunch that ignored its checkpoint is still a restart from zero.
 
-Resumed runs (`rgt resume`, run.json "resume"): a new run that goes on from another run's checkpoint
-starts with `resume_step` as its high-water step, so a job that ignores RGT_RESUME_FROM and begins at
-step 0 is `train.restarted_from_zero` on its first lines. A saved high-water mark wins over it.
+Resumed runs (`rgt resume`, run.json "resume"; or a relaunch in place from the newest recorded
+checkpoint, run.json "resume_from"): the attempt starts with `resume_step`, the checkpoint's step, as
+its high-water step, so a job that ignores RGT_RESUME_FROM and begins at step 0 is
+`train.restarted_from_zero` on its first lines, while one that goes on from the checkpoint is not,
+however far the killed attempt had got past it. Within one attempt the saved high-water mark wins.
 """
 from __future__ import annotations
 
@@ -254,9 +256,13 @@ class TrainingMonitor:
                                     stalled=active.get("stalled") is True)
         self._stall.step, self._stall.epoch = _int(state.get("last_step")), _num(state.get("last_epoch"))
         self._slow = SlowDetector(self.t, active.get("slow") is True)
-        max_step = _int(state.get("max_step"))
-        self._restart = RestartDetector(self.t, self.config.resume_step if max_step is None else max_step,
-                                        _num(state.get("max_epoch")), _int(state.get("restarts")) or 0)
+        max_step, max_epoch = _int(state.get("max_step")), _num(state.get("max_epoch"))
+        if max_step is None or (not same_job and self.config.resume_step is not None):
+            # a new attempt that resumes from a checkpoint is judged against that checkpoint's step,
+            # not against how far the killed attempt got past it
+            max_step = self.config.resume_step
+            max_epoch = max_epoch if same_job else None
+        self._restart = RestartDetector(self.t, max_step, max_epoch, _int(state.get("restarts")) or 0)
         self._zero = MetricZeroDetector(self.t, [w for w in self._watch if not is_loss_name(w)], zeros)
         self._short = ShortRunDetector(self.t, self._run_started_at, self.config.expected_steps,
                                        self.config.expected_seconds)

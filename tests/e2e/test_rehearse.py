@@ -28,7 +28,7 @@ FRAMEWORKS = REPO / "tests" / "frameworks"
 # Stock framework jobs (no rgt code), long enough to be killed after the first save and stopped by
 # --steps after the relaunch; each start costs ~10 s here.
 HF = [sys.executable, str(FRAMEWORKS / "hf_tiny.py"), "--steps", "100000", "--save-every", "10",
-      "--log-every", "5", "--step-seconds", "0.05"]
+      "--log-every", "5", "--step-seconds", "0.15"]  # save_total_limit=2: a save lives >= 3 s
 LIGHTNING = [sys.executable, str(FRAMEWORKS / "lightning_tiny.py"), "--logger", "csv", "--steps", "100000",
              "--save-every", "10", "--log-every", "5", "--step-seconds", "0.05"]
 FRAMEWORK_S = 300

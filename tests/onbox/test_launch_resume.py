@@ -132,6 +132,13 @@ def test_the_detector_seed_comes_from_run_json_and_a_saved_mark_wins(tmp_path: P
     assert resume_step(tmp_path) == 40 and training_config(tmp_path, {}, None).resume_step == 40
     (tmp_path / "run.json").write_text(json.dumps({"resume": None}))
     assert resume_step(tmp_path) is None
+    # a relaunch in place: the step custody recorded for the checkpoint the launcher handed over
+    (tmp_path / "rgt").mkdir()
+    for step in (20, 60):
+        manifest.append(tmp_path, manifest.Record(f"out/checkpoint-{step}", 1, "a" * 64, 1, 1, step, "hf", 1.0))
+    (tmp_path / "run.json").write_text(json.dumps({"resume": None,
+                                                   "resume_from": str(tmp_path / "out" / "checkpoint-60")}))
+    assert resume_step(tmp_path) == 60
 
     def restarts(run: Path, seed: Any, steps: List[int]) -> List[Any]:
         events: List[Any] = []

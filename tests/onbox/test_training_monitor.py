@@ -275,6 +275,28 @@ def test_a_new_job_attempt_is_judged_afresh_but_keeps_the_high_water_mark(tmp_pa
     assert len(first.rec.of("train.nonfinite")) == 3
 
 
+def test_a_relaunch_from_a_checkpoint_is_judged_against_its_step_not_the_killed_attempts(
+        tmp_path: Path, rigs: Any) -> None:
+    # killed at step 130 with the newest checkpoint at step 60: going on from 61 loses work, it is not
+    # a restart from zero; ignoring the checkpoint (step 1) is.
+    run = tmp_path / "run"
+    first = rigs(run, job_key="1:100")
+    first.mon.start()
+    run_steps(first, range(10, 140, 10))
+    first.mon.close()
+    resumed = rigs(run, rec=first.rec, job_key="2:200", resume_step=60)
+    resumed.mon.start()
+    resumed.metrics(step=64)
+    resumed.tick()
+    assert not first.rec.of("train.restarted_from_zero")
+    resumed.mon.close()
+    ignored = rigs(run, rec=first.rec, job_key="3:300", resume_step=60)
+    ignored.mon.start()
+    ignored.metrics(step=1)
+    ignored.tick()
+    assert [(d["last_step"], d["new_step"]) for d in first.rec.of("train.restarted_from_zero")] == [(60, 1)]
+
+
 def test_a_metrics_file_rewritten_from_scratch_is_a_restart(tmp_path: Path, rigs: Any) -> None:
     rig = rigs(tmp_path / "run")
     rig.mon.start()
