@@ -135,7 +135,8 @@ def test_the_detector_seed_comes_from_run_json_and_a_saved_mark_wins(tmp_path: P
     # a relaunch in place: the step custody recorded for the checkpoint the launcher handed over
     (tmp_path / "rgt").mkdir()
     for step in (20, 60):
-        manifest.append(tmp_path, manifest.Record(f"out/checkpoint-{step}", 1, "a" * 64, 1, 1, step, "hf", 1.0))
+        record = manifest.Record(f"out/checkpoint-{step}", 1, "a" * 64, 1, 1, step, "hf", 1.0)
+        manifest.append(tmp_path, record)
     (tmp_path / "run.json").write_text(json.dumps({"resume": None,
                                                    "resume_from": str(tmp_path / "out" / "checkpoint-60")}))
     assert resume_step(tmp_path) == 60
