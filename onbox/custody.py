@@ -179,9 +179,14 @@ class CustodyMonitor(CustodyCore):
             }
 
     def close(self) -> None:
-        """Stop the observers, then the worker (an unfinished hash or copy is abandoned)."""
+        """Stop the observers, record the removals already seen (so a pull after the sidecar ended
+        does not wait on them forever), then stop the worker (an unfinished hash or copy is abandoned)."""
         for place in list(self._places.values()):
             place.watcher.stop()
+        try:
+            self._judge_removals(float("inf"))
+        except OSError as e:  # a full disk: the deletions stay unrecorded, and the pull fails closed
+            log.warning("cannot record removals at close: %s", e)
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
@@ -361,6 +366,11 @@ class CustodyMonitor(CustodyCore):
                 if sig != p.key:
                     p.key, p.changed = sig, now
                     continue
+                if p.kind == DIR and not p.final_done and not p.open:
+                    # its last file is there although no close of it was seen: watchdog replays only
+                    # creations for files written before the watch of a new directory was in place
+                    final = ckptunits.final_file(os.path.basename(unit))
+                    p.final_done = final is not None and any(rel == final for rel, _ in sig)
                 if self._due(unit, p, sig, now - p.changed):
                     del self._pending[unit]
                     via = "quiet" if p.need == CLOSE or (p.kind == DIR and p.open) else p.via

@@ -27,6 +27,8 @@ import json
 import os
 import re
 import stat
+import threading
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -49,10 +51,15 @@ MAX_REMOVED = 5000
 MAX_GATE_ENTRIES = 200_000
 _SKIP_SCAN = frozenset({"__pycache__", "node_modules", "site-packages", "venv", ".venv", "wandb", "rgt"})
 _MAGIC = re.compile(r"[*?\[]")
+MISSING_GRACE_S = 3.0   # how long a missing recorded checkpoint may wait for custody's removal record
 
 
 class ManifestError(OnboxError):
     """The manifest could not be complete; nothing was written."""
+
+
+class MissingCheckpoints(ManifestError):
+    """A checkpoint custody recorded is gone and no removal of it is recorded."""
 
 
 # ---- paths --------------------------------------------------------------------------------------
@@ -304,8 +311,22 @@ def _checkpoint_entries(root: Path) -> List[Dict[str, Any]]:
             entries.append(entry)
     if missing:
         shown = ", ".join(missing[:20]) + (f" (+{len(missing) - 20} more)" if len(missing) > 20 else "")
-        raise ManifestError(f"{len(missing)} checkpoint(s) in rgt/manifest.jsonl are missing: {shown}")
+        raise MissingCheckpoints(f"{len(missing)} checkpoint(s) in rgt/manifest.jsonl are missing: {shown}")
     return entries
+
+
+def _checkpoints_settled(root: Path, grace_s: float) -> List[Dict[str, Any]]:
+    """The checkpoint entries; a recorded checkpoint found missing gets `grace_s` for custody to
+    record its removal (the job's rotation deletes a save at any moment, and custody judges a
+    deletion a moment later) before the manifest fails closed on it."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            return _checkpoint_entries(root)
+        except MissingCheckpoints:
+            if time.monotonic() >= deadline:
+                raise
+            threading.Event().wait(0.2)
 
 
 def removed_entries(root: Path, only_job: bool = True) -> List[Dict[str, Any]]:
@@ -357,7 +378,7 @@ def build_manifest(run_dir: Path, includes: Sequence[str] = DEFAULT_INCLUDES, ro
     root = Path(os.path.realpath(run_dir))
     if not root.is_dir():
         raise ManifestError(f"no run directory at {run_dir}")
-    files = _checkpoint_entries(root)  # checkpoints first, then the includes, each sorted by path
+    files = _checkpoints_settled(root, MISSING_GRACE_S)  # checkpoints, then the includes, by path
     listed = {e["path"] for e in files}
     for rel in sorted(set(_include_paths(root, includes, extra_includes, roster))):
         if rel in listed:

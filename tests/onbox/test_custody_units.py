@@ -390,3 +390,28 @@ def test_nan_weights_in_a_new_checkpoint_wake_once_and_clear_on_a_finite_one(cus
     assert (cleared["state"], cleared["step"]) == ("cleared", 40)
     h.idle()
     assert len(h.events.of("train.nonfinite")) == 2
+
+
+def test_a_pull_manifest_built_during_a_rotation_waits_for_its_record(custody: Factory) -> None:
+    h = custody(settle_s=1.0, job_pid=os.getpid())   # the job is alive: a whole unit gone is its rotation
+    for step in (10, 20):
+        save_dir(h.ckpt / f"checkpoint-{step}", step)
+    h.events.wait_for("ckpt.saved", 2)
+    h.idle()
+    shutil.rmtree(h.ckpt / "checkpoint-10")
+    doc = pullmanifest.build_manifest(h.run)           # at once: custody is still judging the deletion
+    assert [r["path"] for r in doc["removed"]] == ["checkpoints/checkpoint-10"]
+    assert {e["unit"] for e in doc["files"] if e["kind"] == "checkpoint"} == {"checkpoints/checkpoint-20"}
+
+
+def test_deletions_seen_before_the_sidecar_stops_are_recorded_at_close(custody: Factory) -> None:
+    h = custody(settle_s=3600.0, job_pid=os.getpid())  # a deletion would be judged an hour later
+    save_dir(h.ckpt / "checkpoint-10", 10)
+    h.events.wait_for("ckpt.saved", 1)                 # trainer_state.json closed: a short quiet commits
+    h.idle()
+    shutil.rmtree(h.ckpt / "checkpoint-10")
+    wait_until(lambda: not h.monitor.wait_idle(0.0), WAIT_S, "custody to see the deletion")
+    assert manifest.removals(h.run) == []
+    h.monitor.close()                                  # the sidecar stops
+    [removal] = manifest.removals(h.run)
+    assert (removal.path, removal.by) == ("checkpoints/checkpoint-10", "job")
