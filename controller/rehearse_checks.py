@@ -1,6 +1,6 @@
 """What `rgt rehearse` reads from a run directory, and how it judges each stage.
 
-The files are the truth (DESIGN.md §4); this module reads them and never starts a process:
+The files of the run directory are the truth; this module reads them and never starts a process:
 
     rgt/events.jsonl     the sidecar's journal (Journal: read incrementally, by seq)
     metrics.jsonl        the job's own lines (steps_since: the steps written after an offset)

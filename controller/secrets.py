@@ -1,4 +1,4 @@
-"""Secrets on a box: `rgt secret push|list|rm HOST ...` (DESIGN.md §7 rule 2).
+"""Secrets on a box: `rgt secret push|list|rm HOST ...` (never in a command line, event, log or run.json).
 
 A secret lives on the box as ~/.rgt/secrets/NAME (mode 0600, directory 0700), where
 `rgt-onbox launch` finds it and exports it to the job as the variable NAME (onbox/secrets.py).

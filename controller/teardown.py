@@ -3,7 +3,8 @@
     p = plan(store, run)                  # Plan: the gate and one ActionPlan per profile action
     result = execute(store, p, "release", typed_run_id, instance_id=None)
 
-The gate (DESIGN.md §7.1) is OPEN only when every rule holds; the first that fails names the reason:
+Nothing is destroyed before a verified pull: the gate is OPEN only when every rule holds; the first that
+fails names the reason:
 
 1. a pulled dir is known: `--from DIR`, else the dir of the run's newest pull.done or verify.done
    event                                                                        (not_verified)

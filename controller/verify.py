@@ -1,4 +1,4 @@
-"""Prove a pulled run before anything on the box may be destroyed (DESIGN.md §7.1, §7.3).
+"""Prove a pulled run before anything on the box may be destroyed: trust artifacts, not log lines.
 
     report = verify(run_dir)            # <run_dir>/rgt/PULL_MANIFEST.json by default
     report.ok                           # every proof that ran passed

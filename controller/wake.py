@@ -4,7 +4,7 @@ Pure functions, no I/O: the watch loop (controller.watch) reads the store and
 hands each event here with the run's merged policy, the time, and the keys
 that already woke someone (Store.woken()).
 
-Material by default (DESIGN.md §6): a state change at the policy's min_sev or
+Material by default (the wake contract): a state change at the policy's min_sev or
 above (an onset or an escalation; never a clear, never telemetry), any
 `job.exited`, and the controller's own `sidecar.silent`. `link.lost` is not:
 a broken transport says nothing about the job, so the watch judges it by its

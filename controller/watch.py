@@ -1,4 +1,4 @@
-"""`rgt watch`: wait until something material happens to a run, then end with a code (DESIGN.md §6).
+"""`rgt watch`: wait until something material happens to a run, then end with a code, the wake contract.
 
     10  a material event (controller.wake decides which); the record explains it.
         Also at once for a run that had already ended badly (already_reported says

@@ -1,4 +1,4 @@
-"""Sealing a run (DESIGN.md §4, seed inventory §6.3):
+"""Sealing a run (the run directory's export/ and quarantine/ layout):
 
     <root>/<project>/active/<run-id>  ->  export/.partial/<run-id>  ->  export/<run-id>
                                                   `-> quarantine/<run-id> (+ QUARANTINE.json)

@@ -1,4 +1,4 @@
-"""Secret redaction for what the launcher records and prints (DESIGN.md §7 rule 2).
+"""Secret redaction for what the launcher records and prints (no secret in an argv, event, log or run.json).
 
 A command line is shown and stored only after `redact_argv`: the value of a secret-looking option
 (`--token=…`, `--token …`, `--password …`, `--api-key …`), of a secret-looking assignment

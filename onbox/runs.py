@@ -1,6 +1,6 @@
 """Runs on this box: where they live, what state they are in, and stopping one.
 
-A run is `<root>/<project>/active/<run-id>/` (DESIGN.md §4). The launcher and the processes it starts
+A run is `<root>/<project>/active/<run-id>/`. The launcher and the processes it starts
 leave these files in its `rgt/` directory; everything here is read from them and from /proc:
 
     job.json         written by the job wrapper once the job runs: the wrapper's and the job's pid,

@@ -1,4 +1,4 @@
-"""The import rules of DESIGN.md §2 are enforced by ruff, per package; prove the lint bites."""
+"""The import rules between the four packages are enforced by ruff, per package; prove the lint bites."""
 from __future__ import annotations
 
 import ast
