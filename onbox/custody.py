@@ -366,7 +366,7 @@ class CustodyMonitor(CustodyCore):
                 if sig != p.key:
                     p.key, p.changed = sig, now
                     continue
-                if p.kind == DIR and not p.final_done and not p.open:
+                if p.kind == DIR and not p.final_done and not p.open and unit not in self._known:
                     # its last file is there although no close of it was seen: watchdog replays only
                     # creations for files written before the watch of a new directory was in place
                     final = ckptunits.final_file(os.path.basename(unit))
