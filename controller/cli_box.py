@@ -2,6 +2,7 @@
 
 Thin commands: parse, call controller.install / controller.secrets, render. Progress goes to
 stderr, results to stdout (`--json`: one object). Added to the `rgt` group in controller/cli.py.
+What the box reports (its paths, versions, secret names) is printed through render.printable.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from controller import install as installer
 from controller import secrets
 from controller.build import BuildError
 from controller.clibase import JSON_OPTION, CliError, RgtCommand, RgtGroup, emit_json
+from controller.render import printable
 from controller.ssh import Shell, SshError
 from controller.store import Store
 
@@ -32,7 +34,7 @@ def _problems() -> Iterator[None]:
 
 
 def _progress(line: str) -> None:
-    click.echo(line, err=True)
+    click.echo(printable(line), err=True)
 
 
 # ---- rgt install ----------------------------------------------------------------------------------
@@ -78,13 +80,13 @@ def install_command(host: str, venv: Optional[str], python: Optional[str], wheel
     if as_json:
         emit_json(result.to_dict())
     elif result.already:
-        click.echo(f"rgt-onbox {result.version} is already installed on {host} ({result.onbox})")
+        click.echo(printable(f"rgt-onbox {result.version} is already installed on {host} ({result.onbox})"))
     else:
         for warning in result.warnings:
-            click.echo(f"warning: {warning}", err=True)
+            click.echo(f"warning: {printable(warning)}", err=True)
         used = "; the box's own index supplied some dependencies (--index)" if result.used_index else ""
-        click.echo(f"installed rgt-onbox {result.version} on {host}: {result.onbox} "
-                   f"(Python {result.python}, {result.elapsed_s:.1f}s{used})")
+        click.echo(printable(f"installed rgt-onbox {result.version} on {host}: {result.onbox} "
+                             f"(Python {result.python}, {result.elapsed_s:.1f}s{used})"))
 
 
 # ---- rgt secret ---------------------------------------------------------------------------------
@@ -114,7 +116,7 @@ def push_command(host: str, name: str, source: Optional[str]) -> None:
         value = secrets.value_from_env(name, os.environ, source)
         with Store.open() as store:
             size = secrets.push(_shell(store, host), name, value)
-    click.echo(f"pushed {name} to {host} ({size} bytes)")
+    click.echo(printable(f"pushed {name} to {host} ({size} bytes)"))
 
 
 @secret_group.command("list")
@@ -126,9 +128,9 @@ def list_command(host: str, as_json: bool) -> None:
         listing = secrets.list_secrets(_shell(store, host))
     exposed = [f for f in listing.files if f.exposed]
     for f in exposed:
-        click.echo(f"warning: {secrets.SECRETS_DIR}/{f.name} has mode {f.mode:o}"
-                   f"{'' if f.owned else ' and another owner'}; rgt-onbox skips it "
-                   f"(fix: chmod 600 {secrets.SECRETS_DIR}/{f.name})", err=True)
+        click.echo(printable(f"warning: {secrets.SECRETS_DIR}/{f.name} has mode {f.mode:o}"
+                             f"{'' if f.owned else ' and another owner'}; rgt-onbox skips it "
+                             f"(fix: chmod 600 {secrets.SECRETS_DIR}/{f.name})"), err=True)
     if listing.dir_mode is not None and (listing.dir_mode & 0o077 or not listing.dir_owned):
         click.echo(f"warning: {secrets.SECRETS_DIR} has mode {listing.dir_mode:o}"
                    f"{'' if listing.dir_owned else ' and another owner'} (fix: chmod 700 "
@@ -140,11 +142,12 @@ def list_command(host: str, as_json: bool) -> None:
                    "dir_mode": None if listing.dir_mode is None else f"{listing.dir_mode:o}"})
         return
     if not listing.files:
-        click.echo(f"no secrets on {host}")
+        click.echo(printable(f"no secrets on {host}"))
         return
     click.echo(f"{'NAME':<32} {'BYTES':>7} MODE")
     for f in listing.files:
-        click.echo(f"{f.name:<32} {f.size:>7} {f.mode:o}{'  (skipped by rgt-onbox)' if f.exposed else ''}")
+        click.echo(printable(f"{f.name:<32} {f.size:>7} {f.mode:o}"
+                             f"{'  (skipped by rgt-onbox)' if f.exposed else ''}"))
 
 
 @secret_group.command("rm")
@@ -156,7 +159,7 @@ def rm_command(host: str, name: str) -> None:
         found = secrets.remove(_shell(store, host), name)
     if not found:
         raise CliError(f"no secret {name} on {host}", hint=f"rgt secret list {host}")
-    click.echo(f"removed {name} from {host}")
+    click.echo(printable(f"removed {name} from {host}"))
 
 
 __all__ = ["install_command", "secret_group"]

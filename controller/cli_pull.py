@@ -99,7 +99,7 @@ def pull_command(run: str, dest: Optional[Path], bwlimit: Optional[str], as_json
     if result.previous:
         click.echo(render.printable(f"warning: the earlier pull held files this one does not; kept as "
                                     f"{result.previous}"), err=True)
-    click.echo(f"next: rgt verify {result.dest}", err=True)
+    click.echo(render.printable(f"next: rgt verify {result.dest}"), err=True)
 
 
 # ---- rgt teardown -------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def _ask(p: teardown.Plan, a: teardown.ActionPlan) -> Optional[str]:
     click.echo(render.printable(f"{a.name} on {p.host}: deletes {a.deletes or 'nothing'}; "
                                 f"reversible: {_yes_no(a.reversible)}"), err=True)
     try:
-        return str(click.prompt(f"type the run id ({p.run}) to go on", err=True, default="",
+        return str(click.prompt(render.printable(f"type the run id ({p.run}) to go on"), err=True, default="",
                                 show_default=False))
     except click.Abort:
         return None
@@ -158,7 +158,7 @@ def _print_result(r: teardown.ActionResult) -> None:
             click.echo(render.printable(f"  {i}. {step}"))
         return
     if r.output:
-        click.echo(r.output.rstrip("\n"))
+        click.echo(render.printable_lines(r.output.rstrip("\n")))
     click.echo(render.printable(f"{r.action}: {' '.join(r.argv)} exited {r.exit_code}"), err=True)
 
 

@@ -126,7 +126,8 @@ def track_command(host: str, run: str, root: Optional[str], nodes: Sequence[str]
     for r in rows:
         click.echo(render.printable(f"  {r['node'] or '-':<8} {r['run']:<40} {r['state']:<10} "
                                     f"watcher {r['watcher_pid'] or '-'}"))
-    click.echo(f"next: rgt watch {run} --timeout 6h   (exits when something needs you)", err=True)
+    click.echo(render.printable(f"next: rgt watch {run} --timeout 6h   (exits when something needs you)"),
+               err=True)
 
 
 __all__ = ["Stream", "ask_box", "track", "track_command"]

@@ -68,7 +68,7 @@ def _print_human(report: Report) -> None:
     for line in report.failures():
         click.echo(f"error: {render.printable(line)}", err=True)
     if report.ok:
-        click.echo(f"PULL VERIFIED: {report.path}")
+        click.echo(render.printable(f"PULL VERIFIED: {report.path}"))
 
 
 class _Progress:

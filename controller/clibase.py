@@ -56,6 +56,8 @@ class CliState:
 
 
 def _report(message: str, hint: Optional[str] = None) -> None:
+    """The one place a CliError is printed: messages embed box text (stderr tails, answers,
+    paths), so message and hint are escaped here whatever their maker did (idempotent)."""
     click.echo(f"error: {render.printable(message)}", err=True)
     if hint:
         click.echo(f"hint: {render.printable(hint)}", err=True)
@@ -76,15 +78,20 @@ class RgtCommand(click.Command):
             raise
         except StoreError as e:
             if _debugging(ctx):
-                click.echo(traceback.format_exc(), err=True, nl=False)
+                click.echo(_traceback(), err=True, nl=False)
             raise CliError(str(e), e.hint) from e
         except Exception as e:  # the command boundary: anything else is a bug
             log.debug("%s failed: %r", ctx.command_path, e)
             debug = _debugging(ctx)
             if debug:
-                click.echo(traceback.format_exc(), err=True, nl=False)
+                click.echo(_traceback(), err=True, nl=False)
             raise CliError(f"internal error: {type(e).__name__}: {e}",
                            None if debug else "rerun with --debug for the traceback") from e
+
+
+def _traceback() -> str:
+    """The current traceback for --debug; its exception messages may quote the box."""
+    return render.printable_lines(traceback.format_exc())
 
 
 def _usage_hint(e: click.UsageError) -> Optional[str]:
@@ -153,7 +160,8 @@ class _EchoHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             where = f"{record.name}: " if self._debug else ""
-            click.echo(f"{record.levelname.lower()}: {where}{self.format(record)}", err=True)
+            text = render.printable_lines(self.format(record))  # log arguments may be the box's
+            click.echo(f"{record.levelname.lower()}: {where}{text}", err=True)
         except Exception:  # logging must never raise into the caller
             self.handleError(record)
 
@@ -177,7 +185,8 @@ JSON_OPTION = click.option(
 
 
 def emit_json(obj: Any) -> None:
-    """One JSON object on one line of stdout (the `--json` form of every command)."""
+    """One JSON object on one line of stdout (the `--json` form of every command). ASCII only
+    (json.dumps' default): C1 and bidi characters from a box are \\u escapes, safe on a terminal."""
     click.echo(json.dumps(obj, sort_keys=True, default=str))
 
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Dict, List, Optional, Sequence
 
 from controller import install, teardown
 from controller.output import error_tail
+from controller.render import printable
 from controller.ssh import SshError
 from controller.store import Store
 
@@ -128,7 +130,7 @@ def authorize(store: Store, host: str, action: str, *, instance_id: str,
 
 
 def _left(seconds: Any) -> str:
-    if not isinstance(seconds, (int, float)):
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds):  # the box's JSON may say NaN
         return "-"
     s = int(seconds)
     sign = "-" if s < 0 else ""
@@ -137,15 +139,19 @@ def _left(seconds: Any) -> str:
 
 
 def render(host: str, answer: Dict[str, Any]) -> str:
-    """A few lines a person reads: armed or not, time left, the daemon, what it would do now."""
+    """A few lines a person reads: armed or not, time left, the daemon, what it would do now.
+    Every value is the box's, so each line is escaped (render.printable): a newline or an escape
+    sequence in the answer shows as \\x0a or \\x1b, never as a line or a cleared screen."""
     found = answer.get("lease")
     lease: Dict[str, Any] = found if isinstance(found, dict) else answer
     lines = [f"dead-man on {host}: " + ("armed" if lease.get("armed") else "disarmed")]
     if lease.get("armed"):
         lines.append(f"  expires in   {_left(answer.get('seconds_left', lease.get('seconds_left')))} "
                      f"(ttl {_left(lease.get('ttl_s'))}, renewed by {lease.get('renewed_by') or '-'})")
-        if lease.get("max_hours"):
-            lines.append(f"  hard budget  {lease['max_hours']:g} h")
+        budget = lease.get("max_hours")
+        if budget:
+            lines.append(f"  hard budget  {budget:g} h" if isinstance(budget, (int, float))
+                         else f"  hard budget  {budget}")
     daemon = answer.get("daemon")
     if isinstance(daemon, dict):
         alive = f"pid {daemon.get('pid')}" if daemon.get("alive") else "not running"
@@ -163,10 +169,10 @@ def render(host: str, answer: Dict[str, Any]) -> str:
     if isinstance(fired, dict):
         lines.append(f"  fired        {fired.get('action')} ({fired.get('state')}, "
                      f"exit {fired.get('exit_code')})")
-    if lease.get("authorized"):
-        auth = lease["authorized"]
+    auth = lease.get("authorized")
+    if isinstance(auth, dict):
         lines.append(f"  authorized   {auth.get('action')} for instance {auth.get('instance_id')}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def dumps(answer: Dict[str, Any]) -> str:

@@ -43,6 +43,7 @@ from protocol import PACKAGE_VERSION
 
 from controller import boxprobe, build, paths
 from controller.output import last_json_object
+from controller.render import printable
 from controller.ssh import LocalShell, Shell, Ssh, ssh_config_file
 from controller.store import HostNotFound, Store
 from controller.verify_identity import hash_file
@@ -169,8 +170,8 @@ def check_version(remote_shell: Shell, onbox_cmd: str, host: Optional[str] = Non
         err = [ln.strip() for ln in done.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
         raise OnboxNotFound(
             f"rgt-onbox does not run on {name} ({onbox_cmd}: exit {done.returncode}"
-            f"{': ' + err[-1][:200] if err else ''})", hint=f"rgt install {name}")
-    version = found.group(1)
+            f"{': ' + printable(err[-1][:200]) if err else ''})", hint=f"rgt install {name}")
+    version = printable(found.group(1))
     if version != PACKAGE_VERSION:
         raise VersionMismatch(f"{name} has rgt-onbox {version}, but this rgt is {PACKAGE_VERSION}",
                               hint=f"rgt install {name}")
@@ -185,8 +186,9 @@ def _word(path: str) -> str:
 
 
 def _tail(data: bytes, lines: int = 4) -> str:
+    """The box's last stderr lines for one message, escaped (render.printable)."""
     kept = [ln.strip() for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
-    return " | ".join(kept[-lines:])[-600:]
+    return " | ".join(printable(ln) for ln in kept[-lines:])[-600:]
 
 
 def _sha256(path: Path) -> str:
@@ -398,11 +400,19 @@ def _put_on_box(shell: Shell, box: boxprobe.BoxPython, ours: Wheel, python: str,
     return copied[0], copied[1], used_index, tuple(sorted(w.name for w in res.wheels))
 
 
+def _escaped(progress: Progress) -> Progress:
+    """progress with every line escaped (render.printable): the lines name the box's paths,
+    interpreter and versions, which the box reports itself."""
+    return lambda line: progress(printable(line))
+
+
 def install(store: Store, host_name: str, opts: InstallOptions, *, progress: Progress = print,
             shell: Optional[Union[Ssh, LocalShell]] = None,
             clock: Callable[[], float] = time.time) -> InstallResult:
-    """Put this version on the box (see the module doc). Raises InstallError, BuildError, SshError."""
+    """Put this version on the box (see the module doc). Raises InstallError, BuildError, SshError.
+    Each progress line is escaped before `progress` sees it."""
     began = time.monotonic()
+    progress = _escaped(progress)
     host = host_record(store, host_name)
     if opts.wheel is not None:
         built = build.given_wheel(opts.wheel)

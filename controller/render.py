@@ -1,7 +1,9 @@
 """Events for people (one short table line each) and for programs (one JSON object per line).
 
-Event contents come from a remote box: every character that could move the
-cursor or recolour a terminal is escaped before it is printed.
+Event contents come from a remote box, and so do its answers, paths and error output: every
+string from a box that reaches a terminal goes through printable() (or printable_lines() for a
+block of lines, json_safe() for JSON text), so that it cannot move the cursor, clear the screen,
+retitle the window, write the clipboard (OSC 52) or make a line read as something else.
 """
 from __future__ import annotations
 
@@ -18,17 +20,60 @@ SUMMARY_WIDTH = 72
 _ELLIPSIS = "..."
 _KIND_WIDTH = 20
 _SEQ_WIDTH = 7
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# What printable() escapes. Every one of these is non-printable for str.isprintable() (a test
+# checks), which is what lets ordinary text skip the regular expression.
+#   \x00-\x1f \x7f \x80-\x9f  C0 (ESC, CR, BEL, ...), DEL and C1 (\x9b is a one-byte CSI)
+#   \xad                      soft hyphen: invisible, "ru\xadn" reads as "run"
+#   U+061C U+200E U+200F U+202A-U+202E U+2066-U+2069   bidi marks, embeddings, overrides, isolates
+#   U+2028 U+2029             line and paragraph separators (a new line to some readers)
+#   U+180E U+200B U+2060-U+2064 U+FEFF   invisible spaces and joiners (not ZWNJ/ZWJ U+200C/U+200D:
+#                             emoji sequences and Indic and Persian text need them)
+#   U+206A-U+206F U+FFF9-U+FFFB U+1BCA0-U+1BCA3 U+1D173-U+1D17A   other invisible format characters
+#   U+E0000-U+E007F           tag characters: invisible ASCII that text readers (and models) still read
+#   U+D800-U+DFFF             lone surrogates (from undecodable bytes): they cannot even be encoded
+_UNSAFE_CLASS = ("\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b\u200e\u200f\u2028-\u202e"
+                 "\u2060-\u206f\ufeff\ufff9-\ufffb\ud800-\udfff"
+                 "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e007f")
+_UNSAFE = re.compile(f"[{_UNSAFE_CLASS}]")
 _BARE = re.compile(r"[^\s=\"']+")
 
 
 def _escape(match: re.Match[str]) -> str:
-    return f"\\x{ord(match.group()):02x}"
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{{{code:04x}}}"
 
 
 def printable(text: str) -> str:
-    """text with control characters (C0, DEL, C1) shown as \\xNN."""
+    """text with every character that could control a terminal or spoof what it shows escaped:
+    C0, DEL and C1 as \\xNN (ESC as \\x1b, a newline as \\x0a), bidi controls, line separators
+    and invisible format characters as \\u{XXXX} (the set is _UNSAFE_CLASS). Other text, CJK and
+    emoji included, is unchanged; the result holds nothing printable() would escape again."""
+    if text.isprintable():  # fast path: none of the escaped characters is printable
+        return text
     return _UNSAFE.sub(_escape, text)
+
+
+def printable_lines(text: str) -> str:
+    """A block of lines (a box's multi-line answer or stderr) kept as lines: split on \\n (a
+    \\r\\n counts as one), each line escaped by printable()."""
+    return "\n".join(printable(line[:-1] if line.endswith("\r") else line) for line in text.split("\n"))
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xd800 + (code >> 10):04x}\\u{0xdc00 + (code & 0x3ff):04x}"
+
+
+def json_safe(text: str) -> str:
+    """JSON text (json.dumps with ensure_ascii=False) with what printable() escapes written as JSON
+    \\uXXXX escapes instead: the same data once parsed, and safe on a terminal. Outside strings
+    JSON text is ASCII, so each such character is inside a string, never inside an escape."""
+    if text.isascii():
+        return text
+    return _UNSAFE.sub(_json_escape, text)
 
 
 def local_time(ts: float) -> str:
@@ -72,5 +117,6 @@ def table_row(event: protocol.Event, width: int = SUMMARY_WIDTH) -> str:
 
 
 def json_line(event: protocol.Event) -> str:
-    """event.to_dict() as one line of JSON (non-finite floats as "nan"/"inf", as on the wire)."""
-    return protocol.encode_json(event.to_dict(), max_bytes=sys.maxsize).decode("utf-8")
+    """event.to_dict() as one line of JSON (non-finite floats as "nan"/"inf", as on the wire),
+    C1, bidi and invisible characters as \\u escapes (json_safe)."""
+    return json_safe(protocol.encode_json(event.to_dict(), max_bytes=sys.maxsize).decode("utf-8"))

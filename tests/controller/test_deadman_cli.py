@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator
 
@@ -101,3 +102,46 @@ def test_render_reads_a_status_answer() -> None:
     assert "dead-man on gpu1: armed" in text and "1h02m" in text and "pid 42" in text
     assert "hard budget  12 h" in text and "now          armed: the lease runs 3725 s more" in text
     assert "when it fires stop: the profile's dead-man action" in text and "still bills  the volume" in text
+
+
+FAKE_ONBOX = r'''
+import json, sys
+answer = {"lease": {"armed": True, "ttl_s": 7200, "renewed_by": "ctl\x1b[2J\x1b[H",
+                    "max_hours": 12, "fired": None, "authorized": None},
+          "seconds_left": 60, "daemon": {"pid": 7, "alive": True},
+          "decision": {"verdict": "armed",
+                       "reason": "ok\r\x1b[32mgate OPEN\x9b0m \x1b]52;c;cm0gLXJmIH4K\x07"},
+          "would": {"action": "stop\u2028FAKE", "reason": "\u202etxt.exe", "refused": None}}
+if sys.argv[2] == "status":
+    sys.stderr.write("warming up \x1b[2J\n")
+    print(json.dumps(answer, ensure_ascii=False))
+else:
+    sys.stderr.write("refused\x1b]0;pwned\x07\n\x1b[2J\u202eno lease\n")
+    sys.exit(1)
+'''
+UNSAFE = ("\x1b", "\x07", "\x9b", "\r", "\u202e", "\u2028")
+
+
+def test_a_hostile_box_answer_is_printed_escaped(home: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Raw box text never reaches the terminal: the answer's escapes show as \\x1b, its bidi
+    override as \\u{202e}, and the refusal's stderr likewise (issue 15)."""
+    monkeypatch.setenv("RGT_HOME", str(tmp_path / "state"))
+    script = tmp_path / "fake_onbox.py"
+    script.write_text(FAKE_ONBOX)
+    with Store.open() as store:
+        store.add_host("local", ssh="", onbox=f"{sys.executable} {script}")
+    shown = rgt("deadman", "local", "status")
+    assert shown.returncode == 0, shown.stderr
+    assert not any(c in shown.stdout for c in UNSAFE), shown.stdout
+    lines = shown.stdout.splitlines()
+    assert len(lines) == 6 and "renewed by ctl\\x1b[2J\\x1b[H" in lines[1]
+    assert lines[4] == ("  now          armed: ok\\x0d\\x1b[32mgate OPEN\\x9b0m "
+                        "\\x1b]52;c;cm0gLXJmIH4K\\x07")
+    assert "stop\\u{2028}FAKE: \\u{202e}txt.exe" in lines[5]
+    as_json = rgt("deadman", "local", "status", "--json")
+    assert as_json.stdout.isascii() and json.loads(as_json.stdout)["decision"]["reason"].endswith("\x07")
+    refused = rgt("deadman", "local", "renew")
+    assert refused.returncode == 1 and not any(c in refused.stderr for c in UNSAFE)
+    assert "error: local refused `deadman renew`: refused\\x1b]0;pwned\\x07 / \\x1b[2J\\u{202e}no lease" \
+        in refused.stderr
