@@ -12,18 +12,22 @@ One lease per box, in the home directory of the user who runs the jobs:
 
 The lease: {"v": 1, "armed", "ttl_s", "idle_s", "renewed_at", "expires_at", "renewed_by"
 (launch | controller | cli), "max_hours", "budget_started_at", "roots" (runs roots seen by
-launches), "profile", "authorized" (null or {"action", "instance_id", "at", "by"}), "fired"
-(null or {"at", "action", "argv", "state": firing | done | failed, "exit_code"})}. Times are unix
-seconds. A file that cannot be read is reported and read the safest way (`read_lease`): armed, the
-default TTL from the file's mtime, no profile (so the action is notify), nothing authorized, and a
-malformed "fired" counts as fired. Nothing here raises for a bad file.
+launches), "profile", "authorized" (null or {"action", "instance_id", "at", "by", "covered": the
+custody record count of each run then}), "fired" (null or {"at", "boottime", "action", "argv",
+"state": firing | done | failed, "exit_code"}), "renewed_boottime", "budget_boottime", "boot_id"}.
+The times without "boottime" are unix seconds, for people; the boot-time stamps and the boot they
+belong to are what the daemon judges by (onbox/deadmanclock.py: a wall-clock step either way never
+fires it). A file that cannot be read is reported and read the safest way (`read_lease`): armed,
+the default TTL (counted from when the daemon first saw it), no profile (so the action is notify),
+nothing authorized, and a malformed "fired" counts as fired. Nothing here raises for a bad file.
 
-`decide(lease, runs, now)` is a pure function of the lease, the runs' activity and the time: no
-lease, not armed or already fired -> nothing; the hard budget spent -> fire; the lease expired ->
-fire, unless a run makes progress (its job runs and its metrics, train.log or checkpoint directory
-changed within idle_s) -> held; within 30 min (then 5 min) of either end -> a warning that the
-daemon says once per lease period. `frame` maps the lease's wall-clock times into the daemon's
-time, which runs faster under the RGT_DEADMAN_TIMESCALE test hook (onbox/deadmand.py).
+`decide(lease, runs, now, anchors)` is a pure function of the lease, the runs' activity and the
+time: no lease, not armed or already fired -> nothing; the hard budget spent -> fire; the lease
+expired -> fire, unless a run makes progress (its job runs and its metrics, train.log or checkpoint
+directory changed within idle_s) -> held; within 30 min (then 5 min) of either end -> a warning that
+the daemon says once per lease period. The daemon passes its own time and `Anchors` (where the
+period and the budget started in it) and runs whose activity it observed; without anchors the
+lease's unix times are used, a one-shot reading for a person (`rgt-onbox deadman status`).
 
 Standard library only; Python 3.9+.
 """
@@ -41,6 +45,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 from profiles import NOTIFY
 from protocol.kinds import default_sev
 
+from onbox import deadmanclock as clock
+from onbox.deadmanclock import SYSTEM, Activity, Anchors, Clocks
 from onbox.fsutil import write_atomic
 from onbox.runs import default_root, list_runs, read_json
 
@@ -52,13 +58,6 @@ WARN_5_S = 5 * 60.0
 RENEWERS = ("launch", "controller", "cli")
 INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _TAIL_BYTES = 8 << 10
-
-Frame = Callable[[float], float]
-
-
-def _same(t: float) -> float:
-    return t
-
 
 class DeadmanError(ValueError):
     """A dead-man request that cannot be done (the message says why)."""
@@ -130,6 +129,9 @@ class Lease:
     profile: Optional[str] = None
     authorized: Optional[Dict[str, Any]] = None
     fired: Optional[Dict[str, Any]] = None
+    renewed_boottime: Optional[float] = None   # onbox/deadmanclock.py: what the daemon judges by
+    budget_boottime: Optional[float] = None
+    boot_id: Optional[str] = None
 
     def to_doc(self) -> Dict[str, Any]:
         return {"v": VERSION, **dataclasses.asdict(self)}
@@ -196,6 +198,12 @@ def _parse(doc: Mapping[str, Any], mtime: float, problems: List[str]) -> Lease:
     lease.profile = profile if isinstance(profile, str) and profile else None
     lease.authorized = _authorized(doc.get("authorized"), bad)
     lease.fired = _fired(doc.get("fired"), mtime, bad)
+    # Missing or malformed boot stamps are not trusted: the daemon counts from when it saw them.
+    lease.renewed_boottime = clock.stamp_of(doc.get("renewed_boottime"))
+    if lease.max_hours is not None:
+        lease.budget_boottime = clock.stamp_of(doc.get("budget_boottime"))
+    boot = doc.get("boot_id")
+    lease.boot_id = boot if isinstance(boot, str) and boot else None
     return lease
 
 
@@ -285,11 +293,18 @@ def update_lease(paths: DeadmanPaths, change: Callable[[LeaseRead], Optional[Lea
 # ---- changing the lease -------------------------------------------------------------------------
 
 
+def _stamped(lease: Lease, clocks: Clocks) -> Lease:
+    """The lease renewed now on the boot clock, its kept budget re-stamped for this boot."""
+    return dataclasses.replace(lease, renewed_boottime=clocks.boot(), boot_id=clocks.boot_id(),
+                               budget_boottime=clock.restamp_budget(lease, clocks))
+
+
 def arm(paths: DeadmanPaths, *, ttl_s: float, now: float, by: str = "cli", idle_s: Optional[float] = None,
         max_hours: Optional[float] = None, profile: Optional[str] = None, root: Optional[str] = None,
-        environ: Optional[Mapping[str, str]] = None) -> Lease:
-    """Arm (or re-arm) the lease from `now`. A fired lease starts a new period; an armed one keeps
-    its roots, profile (unless one is given), authorization and running budget."""
+        environ: Optional[Mapping[str, str]] = None, clocks: Clocks = SYSTEM) -> Lease:
+    """Arm (or re-arm) the lease from `now` (unix seconds, for people; the boot clock of `clocks`
+    stamps it for the daemon). A fired lease starts a new period; an armed one keeps its roots,
+    profile (unless one is given), authorization and running budget."""
     _check_ttl(ttl_s)
 
     def change(read: LeaseRead) -> Lease:
@@ -307,9 +322,12 @@ def arm(paths: DeadmanPaths, *, ttl_s: float, now: float, by: str = "cli", idle_
             keep = live and old is not None and old.budget_started_at is not None
             lease.max_hours = max_hours
             lease.budget_started_at = old.budget_started_at if keep and old else now
+            if keep and old is not None:
+                lease.budget_boottime, lease.boot_id = old.budget_boottime, old.boot_id
         elif live and old is not None:
             lease.max_hours, lease.budget_started_at = old.max_hours, old.budget_started_at
-        return lease
+            lease.budget_boottime, lease.boot_id = old.budget_boottime, old.boot_id
+        return _stamped(lease, clocks)
 
     _, lease = update_lease(paths, change, environ)
     assert lease is not None
@@ -325,10 +343,11 @@ def _check_ttl(ttl_s: Optional[float]) -> None:
 
 
 def renew(paths: DeadmanPaths, *, now: float, by: str, ttl_s: Optional[float] = None,
-          environ: Optional[Mapping[str, str]] = None) -> LeaseRead:
-    """Renew an armed lease from `now`; a lease that is absent, disarmed or fired stays as it is.
-    The record `deadman.renewed` is written only when it says something: a renewal by someone else
-    than the controller's steady one, a new TTL, or one that came late (warned or expired)."""
+          environ: Optional[Mapping[str, str]] = None, clocks: Clocks = SYSTEM) -> LeaseRead:
+    """Renew an armed lease from `now` (unix seconds, for people; stamped on the boot clock for the
+    daemon); a lease that is absent, disarmed or fired stays as it is. The record `deadman.renewed`
+    is written only when it says something: a renewal by someone else than the controller's steady
+    one, a new TTL, or one that came late (warned or expired)."""
     _check_ttl(ttl_s)
     said: Dict[str, Any] = {}
 
@@ -337,11 +356,12 @@ def renew(paths: DeadmanPaths, *, now: float, by: str, ttl_s: Optional[float] = 
         if lease is None or not lease.armed or lease.fired is not None:
             return None
         ttl = ttl_s or lease.ttl_s
-        late = lease.expires_at - now <= WARN_30_S
+        left = clock.seconds_left(lease, now, clocks)
+        late = left <= WARN_30_S
         if by != "controller" or lease.renewed_by != by or ttl != lease.ttl_s or late or read.problem:
-            said.update(by=by, ttl_s=ttl, late=late, left_s=round(lease.expires_at - now, 1))
-        return dataclasses.replace(lease, renewed_at=now, expires_at=now + ttl, ttl_s=ttl,
-                                   renewed_by=by)
+            said.update(by=by, ttl_s=ttl, late=late, left_s=round(left, 1))
+        return _stamped(dataclasses.replace(lease, renewed_at=now, expires_at=now + ttl, ttl_s=ttl,
+                                            renewed_by=by), clocks)
 
     _, written = update_lease(paths, change, environ)
     if written is not None and said:
@@ -374,8 +394,11 @@ def authorize(paths: DeadmanPaths, *, action: str, instance_id: str, allowed: Se
     def change(read: LeaseRead) -> Lease:
         if read.lease is None or read.problem or not read.lease.armed or read.lease.fired is not None:
             raise DeadmanError(f"no usable armed lease to authorize on (state {read.state})")
+        # What the person's yes covers: the checkpoints recorded now (not judged by the wall clock).
+        runs = [s.run_dir for root in read.lease.roots for s in list_runs(Path(root), full=False)]
+        covered = clock.manifest_counts(runs)
         return dataclasses.replace(read.lease, authorized={"action": action, "instance_id": instance_id,
-                                                           "at": now, "by": by})
+                                                           "at": now, "by": by, "covered": covered})
 
     _, lease = update_lease(paths, change, environ)
     assert lease is not None
@@ -449,7 +472,7 @@ class RunActivity:
     run_id: str
     run_dir: str
     state: str                        # onbox.runs.RunStatus.state
-    last_activity: Optional[float]    # newest mtime (daemon time) of metrics, train.log, checkpoint dir
+    last_activity: Optional[float]    # when metrics, train.log or the checkpoint dir last changed
     ckpt_dir: str = ""
 
     def progressing(self, now: float, idle_s: float) -> bool:
@@ -457,26 +480,29 @@ class RunActivity:
         return self.state == "running" and last is not None and now - last < idle_s
 
 
-def collect_runs(roots: Sequence[str], frame: Frame = _same,
+def collect_runs(roots: Sequence[str], activity: Optional[Activity] = None, now: float = 0.0,
                  stat: Callable[[str], os.stat_result] = os.stat) -> List[RunActivity]:
-    """Every run under the roots (each once) with its newest sign of work."""
+    """Every run under the roots (each once) with its newest sign of work: with `activity` (the
+    daemon's), when it saw the run's files change, in the time of `now`; without, their newest unix
+    mtime (a one-shot reading for a person, never what fires)."""
     out: Dict[str, RunActivity] = {}
+    watched: List[str] = []
     for root in roots:
         for status in list_runs(Path(root), full=False):  # each tick: the job's state is enough
             run_dir = Path(status.run_dir)
+            if str(run_dir) in out:
+                continue
             meta = read_json(run_dir / "run.json") or {}
             metrics = meta.get("metrics") if isinstance(meta.get("metrics"), str) else None
             ckpt = meta.get("ckpt_dir") if isinstance(meta.get("ckpt_dir"), str) else None
             ckpt_dir = ckpt or str(run_dir / "checkpoints")
-            newest: Optional[float] = None
-            for path in (metrics or str(run_dir / "metrics.jsonl"), str(run_dir / "train.log"), ckpt_dir):
-                try:
-                    mtime = stat(path).st_mtime
-                except OSError:
-                    continue
-                newest = mtime if newest is None else max(newest, mtime)
-            out.setdefault(str(run_dir), RunActivity(status.run_id, str(run_dir), status.state,
-                                                     None if newest is None else frame(newest), ckpt_dir))
+            files = [metrics or str(run_dir / "metrics.jsonl"), str(run_dir / "train.log"), ckpt_dir]
+            watched += files
+            newest = (activity.last_change(files, now, stat) if activity is not None
+                      else clock.newest_mtime(files, stat))
+            out[str(run_dir)] = RunActivity(status.run_id, str(run_dir), status.state, newest, ckpt_dir)
+    if activity is not None:
+        activity.keep_only(set(watched))
     return list(out.values())
 
 
@@ -522,7 +548,8 @@ def _due(trigger: str, period: str, left: float) -> Optional[Due]:
     return Due(trigger, period, 30 if left > WARN_5_S else 5, left)
 
 
-def decide(lease: Optional[Lease], runs: Sequence[RunActivity], now: float, frame: Frame = _same) -> Decision:
+def decide(lease: Optional[Lease], runs: Sequence[RunActivity], now: float,
+           anchors: Optional[Anchors] = None) -> Decision:
     """What the dead-man does at `now` (see the module doc). Pure."""
     if lease is None:
         return Decision("absent", "no lease on this box")
@@ -531,11 +558,12 @@ def decide(lease: Optional[Lease], runs: Sequence[RunActivity], now: float, fram
     if lease.fired is not None:
         return Decision("fired", f"already fired ({lease.fired.get('action')}, "
                                  f"{lease.fired.get('state')}): it acts once per lease")
-    left = frame(lease.renewed_at) + lease.ttl_s - now
+    at = anchors or Anchors(lease.renewed_at, lease.budget_started_at)
+    left = at.lease_start + lease.ttl_s - now
     lease_period = f"lease:{lease.renewed_at!r}"
     budget_left = None
-    if lease.max_hours is not None and lease.budget_started_at is not None:
-        budget_left = frame(lease.budget_started_at) + lease.max_hours * 3600.0 - now
+    if lease.max_hours is not None and lease.budget_started_at is not None and at.budget_start is not None:
+        budget_left = at.budget_start + lease.max_hours * 3600.0 - now
     progressing = tuple(r.run_id for r in runs if r.progressing(now, lease.idle_s))
     base = Decision("armed", "", trigger="lease", period=lease_period, seconds_left=left,
                     budget_seconds_left=budget_left, progressing=progressing)

@@ -4,8 +4,9 @@
 
 It takes an flock on ~/.rgt/deadman.lock (a second daemon finds it held and exits 0 at once),
 writes ~/.rgt/deadman.pid, and every tick reads the lease and the runs under its roots and asks
-`onbox.deadman.decide` what to do: say a warning (deadman.expiring, 30 then 5 minutes before an
-end) or that it holds (deadman.held), each once per lease period, or fire. It ends when the lease is
+`onbox.deadman.decide` what to do, judged on the boot clock and on file changes it saw itself, never
+on the wall clock (onbox/deadmanclock.py): say a warning (deadman.expiring, 30 then 5 minutes before
+an end) or that it holds (deadman.held), each once per lease period, or fire. It ends when the lease is
 disarmed, gone or fired. Launches, `deadman renew` and every sidecar start it again while the lease
 is armed (`ensure_daemon`), so a killed daemon comes back.
 
@@ -20,8 +21,8 @@ shell, with only PATH, HOME, LANG and the profile's credentials_env names (from 
 environment, else the box's secrets), for at most 120 s. notify writes ~/.rgt/DEADMAN_FIRED.txt and
 the deadman.fired record and touches nothing else.
 
-Test hooks (documented, never for real use): RGT_DEADMAN_TIMESCALE=K makes the daemon's clock run K
-times faster than real time from its start (lease times and file mtimes are read through the same
+Test hooks (documented, never for real use): RGT_DEADMAN_TIMESCALE=K makes the daemon's boot clock
+run K times faster than real time from its start (the lease's boot stamps are read through the same
 frame); RGT_DEADMAN_TICK_S sets the tick in real seconds (default 10).
 """
 from __future__ import annotations
@@ -44,7 +45,6 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 
 import profiles
 
-from onbox import manifest
 from onbox.deadman import (
     NOTIFY,
     DeadmanPaths,
@@ -61,6 +61,7 @@ from onbox.deadman import (
     read_lease,
     update_lease,
 )
+from onbox.deadmanclock import Activity, LeaseTimer, Timebase, newer_checkpoints
 from onbox.fsutil import write_atomic
 from onbox.redact import is_secret_name, redact_text
 from onbox.runs import ProcRef, read_json, write_json_atomic
@@ -75,22 +76,6 @@ KEEP_ENV = ("PATH", "HOME", "LANG")
 
 
 # ---- time ---------------------------------------------------------------------------------------
-
-
-class Clock:
-    """The daemon's time: wall-clock seconds, or under the timescale hook a clock that runs `scale`
-    times faster from `start`. `frame(t)` maps a wall-clock time (a renewal, an mtime) into it."""
-
-    def __init__(self, real: Callable[[], float] = time.time, scale: float = 1.0) -> None:
-        self.real = real
-        self.scale = scale
-        self.start = real()
-
-    def frame(self, t: float) -> float:
-        return t if self.scale == 1.0 else self.start + self.scale * (t - self.start)
-
-    def now(self) -> float:
-        return self.frame(self.real())
 
 
 def hooks(environ: Mapping[str, str]) -> Tuple[float, float]:
@@ -139,11 +124,6 @@ def _pid1_env(name: str, proc: Path = Path("/proc")) -> Optional[str]:
     return None
 
 
-def newer_checkpoints(run_dirs: Sequence[str], since: float) -> List[str]:
-    """Custody-recorded checkpoints written after `since` (they void an authorization)."""
-    return [f"{Path(d).name}/{r.path}" for d in run_dirs for r in manifest.read(Path(d)) if r.ts > since]
-
-
 def _wiped_by_stop(profile: profiles.Profile, runs: Sequence[RunActivity],
                    environ: Mapping[str, str]) -> Optional[str]:
     """Why a stop could lose a run's files: one of them lies on a tier that does not survive it,
@@ -180,7 +160,7 @@ def _choose(profile: profiles.Profile, lease: Lease, runs: Sequence[RunActivity]
     if auth["action"] not in profile.deadman.allow:
         return default, (f"{auth['action']!r} was authorized but the {profile.name} profile does not allow "
                          f"it; the profile's dead-man action instead")
-    newer = newer_checkpoints([r.run_dir for r in runs], float(auth["at"]))
+    newer = newer_checkpoints([r.run_dir for r in runs], float(auth["at"]), auth.get("covered"))
     if newer:
         return default, (f"{auth['action']!r} was authorized, but {len(newer)} checkpoint(s) are newer than "
                          f"the authorization ({newer[0]} ...): the teardown gate no longer holds")
@@ -244,11 +224,13 @@ class Daemon:
     """The decisions and the firing; `serve` loops `tick` until the lease says stop."""
 
     def __init__(self, paths: DeadmanPaths, environ: Optional[Mapping[str, str]] = None, *,
-                 clock: Optional[Clock] = None, tick_s: float = TICK_S, runner: Runner = subprocess.run,
+                 clock: Optional[Timebase] = None, tick_s: float = TICK_S, runner: Runner = subprocess.run,
                  which: Callable[..., Optional[str]] = shutil.which) -> None:
         self.paths = paths
         self.environ = dict(os.environ if environ is None else environ)
-        self.clock = clock or Clock()
+        self.clock = clock or Timebase()
+        self.timer = LeaseTimer(self.clock)   # where lease periods start in the daemon's time
+        self.activity = Activity()            # the runs' file changes it saw
         self.tick_s = tick_s
         self._runner = runner
         self._which = which
@@ -258,7 +240,7 @@ class Daemon:
                 self._said.add(str(record["data"].get("key")))
 
     def _event(self, kind: str, data: Mapping[str, Any]) -> Dict[str, Any]:
-        record = append_event(self.paths, kind, data, now=self.clock.real())
+        record = append_event(self.paths, kind, data, now=self.clock.wall())
         log.info("%s %s", kind, json.dumps(record["data"], default=str)[:400])
         return record
 
@@ -274,8 +256,8 @@ class Daemon:
                 self._interrupted(lease)
             return False
         now = self.clock.now()
-        runs = collect_runs(lease.roots, self.clock.frame)
-        decision = decide(lease, runs, now, self.clock.frame)
+        runs = collect_runs(lease.roots, self.activity, now)
+        decision = decide(lease, runs, now, self.timer.anchors(lease, now))
         self._warn(lease, decision)
         if decision.verdict == "held" and decision.key not in self._said:
             self._said.add(decision.key)
@@ -291,8 +273,7 @@ class Daemon:
             if due.key in self._said:
                 continue
             self._said.add(due.key)
-            ends = (lease.expires_at if due.trigger == "lease"
-                    else (lease.budget_started_at or 0.0) + (lease.max_hours or 0.0) * 3600.0)
+            ends = self.clock.wall() + due.seconds_left / self.clock.scale  # by the boot clock
             self._event("deadman.expiring", {"key": due.key, "minutes_left": due.minutes_left,
                                              "seconds_left": round(due.seconds_left, 1),
                                              "trigger": due.trigger, "ends_at": ends})
@@ -322,13 +303,14 @@ class Daemon:
             log.warning("the log shows a firing since the lease was armed: not again")
             return True
         plan = plan_action(lease, runs, self.environ, which=self._which)
-        at = self.clock.real()
         state = "done" if plan.action == NOTIFY else "firing"
-        record = {"at": at, "action": plan.action, "argv": plan.argv, "state": state, "exit_code": None}
+        record = {"at": self.clock.wall(), "boottime": self.clock.clocks.boot(), "action": plan.action,
+                  "argv": plan.argv, "state": state, "exit_code": None}
 
         def change(now_read: LeaseRead) -> Optional[Lease]:
             now = now_read.lease
             same = (now is not None and now.armed and now.fired is None and now.renewed_at == lease.renewed_at
+                    and now.renewed_boottime == lease.renewed_boottime
                     and now.budget_started_at == lease.budget_started_at)
             return dataclasses.replace(now, fired=record) if same and now is not None else None
 
@@ -374,7 +356,7 @@ class Daemon:
         return ("done" if done.returncode == 0 else "failed"), done.returncode, redact_text(out, secrets)
 
     def _explain(self, decision: Decision, plan: Plan, outcome: str) -> None:
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.clock.real()))
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.clock.wall()))
         refused = f" The action {plan.wanted} was not taken: {plan.refused}." if plan.refused else ""
         text = (f"The rgt dead-man timer of this box fired at {when}: {decision.reason}. It chose "
                 f"{plan.action} ({plan.reason}) and the outcome was {outcome}.{refused} "
@@ -478,7 +460,7 @@ def run_foreground(paths: DeadmanPaths, environ: Optional[Mapping[str, str]] = N
     _install_signals(stop)
     scale, tick_s = hooks(env)
     try:
-        daemon = Daemon(paths, env, clock=Clock(scale=scale), tick_s=tick_s)
+        daemon = Daemon(paths, env, clock=Timebase(scale=scale), tick_s=tick_s)
         say({"started": True, "pid": os.getpid(), "reason": "started"})
         log.info("dead-man daemon %d watching %s (tick %g s, timescale %g)", os.getpid(), paths.lease,
                  tick_s, scale)

@@ -1,4 +1,4 @@
-"""The dead-man's lease and decisions, driven by a fake clock through `Daemon.tick`.
+"""The dead-man's lease and decisions, driven by fake clocks through `Daemon.tick`.
 
 The action is a real program: a recorder script on PATH that appends its arguments (and whether
 the credential reached it) to a file, so "ran once" and "never ran" are read from that file. Runs
@@ -10,7 +10,6 @@ import json
 import os
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -21,6 +20,7 @@ from onbox.deadman import (
     DEFAULT_TTL_S,
     DeadmanError,
     Lease,
+    LeaseRead,
     append_event,
     arm,
     authorize,
@@ -31,17 +31,37 @@ from onbox.deadman import (
     read_lease,
     renew,
 )
-from onbox.deadmand import Clock, Daemon, plan_action
+from onbox.deadmanclock import Clocks, Timebase
+from onbox.deadmand import Daemon, plan_action
 from onbox.deadmanfeed import DeadmanFeed
 from onbox.runs import ProcRef
 from tests.helpers import REPO, Recorder
 
 T0 = 1_790_000_000.0
+B0 = 86_400.0            # the boot clock at T0: the box has been up a day
 HOUR = 3600.0
 
 
+class FakeClocks(Clocks):
+    """A wall clock and a boot clock the test sets (tests/onbox/test_deadman_clock.py steps the
+    wall one alone), and the boot they count in."""
+
+    def __init__(self, wall: float = T0, boot: float = B0, boot_id: Optional[str] = "boot-1") -> None:
+        self.wall_s, self.boot_s, self.id = wall, boot, boot_id
+
+    def wall(self) -> float:
+        return self.wall_s
+
+    def boot(self) -> float:
+        return self.boot_s
+
+    def boot_id(self) -> Optional[str]:
+        return self.id
+
+
 class Box:
-    """A home, a runs root, a profiles dir and a recorder, all under tmp; a fake clock."""
+    """A home, a runs root, a profiles dir and a recorder, all under tmp; fake clocks. Setting
+    `now` lets time pass (both clocks move together)."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -64,7 +84,7 @@ class Box:
             "LANG": "C.UTF-8", "RGT_ROOT": str(self.root), "RGT_PROFILES_DIR": str(self.pdir),
             "OTHER_VAR": "must-not-reach-the-action"}
         self.paths = paths_for(self.environ)
-        self.now = T0
+        self.clocks = FakeClocks()
         self.calls = 0
         self.testcloud()
 
@@ -104,8 +124,17 @@ verified = "2026-06"
         assert n == 1
         (self.pdir / "lambda.toml").write_text(text)
 
-    def clock(self) -> Clock:
-        return Clock(real=lambda: self.now)
+    @property
+    def now(self) -> float:
+        return self.clocks.wall_s
+
+    @now.setter
+    def now(self, at: float) -> None:
+        self.clocks.boot_s += at - self.clocks.wall_s
+        self.clocks.wall_s = at
+
+    def clock(self) -> Timebase:
+        return Timebase(self.clocks)
 
     def daemon(self) -> Daemon:
         return Daemon(self.paths, self.environ, clock=self.clock(), tick_s=1.0)
@@ -114,7 +143,10 @@ verified = "2026-06"
         base: Dict[str, Any] = dict(ttl_s=HOUR, idle_s=1800.0, profile="testcloud", root=str(self.root),
                                     by="cli")
         base.update(kw)
-        arm(self.paths, now=self.now, environ=self.environ, **base)
+        arm(self.paths, now=self.now, environ=self.environ, clocks=self.clocks, **base)
+
+    def renew(self) -> LeaseRead:
+        return renew(self.paths, now=self.now, by="controller", environ=self.environ, clocks=self.clocks)
 
     def run(self, name: str, running: bool, active_at: float) -> Path:
         run_dir = self.root / "p" / "active" / name
@@ -191,9 +223,13 @@ def test_holds_while_a_run_progresses_and_says_so_once(box: Box) -> None:
 
 def test_fires_for_a_stalled_run_after_the_idle_window(box: Box) -> None:
     box.environ["TEST_INSTANCE_ID"] = "i-1"
-    box.run("hung", running=True, active_at=T0 + 3000)  # alive, but its files stopped changing
+    run_dir = box.run("hung", running=True, active_at=T0)
     box.arm(idle_s=1800.0)
     daemon = box.daemon()
+    assert daemon.tick()         # the daemon sees the run's files
+    box.now = T0 + 3000
+    box.touch(run_dir, box.now)  # its last write: alive after it, but its files stopped changing
+    assert daemon.tick()
     box.now = T0 + HOUR + 1      # 601 s after its last write: still within the idle window
     assert daemon.tick() and box.kinds()[-1] == "deadman.held" and box.recorded() == []
     box.now = T0 + 4801          # 1801 s: stalled
@@ -208,7 +244,7 @@ def test_warnings_at_30_and_5_minutes_once_each_and_a_renewal_starts_over(box: B
     for left in (1900, 1700, 1600, 299, 200):
         box.now = T0 + HOUR - left
         assert daemon.tick()
-    renew(box.paths, now=box.now, by="controller", environ=box.environ)
+    box.renew()
     box.now += HOUR - 1000
     assert daemon.tick()
     warnings = [r["data"] for r in read_events(box.paths) if r["kind"] == "deadman.expiring"]
@@ -224,13 +260,13 @@ def test_the_budget_fires_even_while_renewed_and_progressing(box: Box) -> None:
     daemon = box.daemon()
     for at in (600, 1200, 1800, 2400, 3000, 3400):
         box.now = T0 + at
-        renew(box.paths, now=box.now, by="controller", environ=box.environ)
+        box.renew()
         box.touch(run_dir, box.now)
         assert daemon.tick()
     assert box.recorded() == [] and [r["data"]["trigger"] for r in read_events(box.paths)
                                      if r["kind"] == "deadman.expiring"] == ["budget", "budget"]
     box.now = T0 + HOUR + 1
-    renew(box.paths, now=box.now, by="controller", environ=box.environ)
+    box.renew()
     box.touch(run_dir, box.now)
     assert daemon.tick() is False
     assert box.recorded() == ["stop i-9 key=none other=none"]
@@ -317,8 +353,10 @@ def test_the_action_runs_exactly_once_across_a_daemon_restart(
     assert box.kinds().count("deadman.fired") == 1 and box.last("deadman.fired")["outcome"] == "interrupted"
     assert read_lease(box.paths).lease.fired["state"] == "failed"  # type: ignore[union-attr]
     box.paths.lease.write_text("{ torn")  # even a garbled lease does not bring it back
-    box.now = time.time() + 3 * DEFAULT_TTL_S
-    assert box.daemon().tick() is False and box.recorded() == [] and len(calls) == 1
+    daemon = box.daemon()
+    assert daemon.tick()  # read as armed: its default TTL counts from now
+    box.now += DEFAULT_TTL_S + 1
+    assert daemon.tick() is False and box.recorded() == [] and len(calls) == 1
     assert box.kinds()[-1] == "deadman.fired" and "not again" in caplog.text  # the log stopped it
 
 
@@ -353,10 +391,14 @@ def test_a_torn_lease_is_reported_and_read_as_armed_with_notify(box: Box) -> Non
     assert read.problem and "not valid JSON" in read.problem and read.state == "unreadable"
     lease = read.lease
     assert lease is not None and lease.armed and lease.profile is None and lease.authorized is None
-    assert decide(lease, [], mtime + DEFAULT_TTL_S - 10).verdict == "armed"
+    assert decide(lease, [], mtime + DEFAULT_TTL_S - 10).verdict == "armed"  # a person's reading
     assert plan_action(lease, [], box.environ).action == "notify"
-    box.now = mtime + DEFAULT_TTL_S + 1
-    assert box.daemon().tick() is False
+    daemon = box.daemon()
+    assert daemon.tick()  # the daemon trusts no stamp of it: the TTL counts from its first look
+    box.now += DEFAULT_TTL_S - 10
+    assert daemon.tick() and box.kinds()[-1] == "deadman.expiring"
+    box.now += 11
+    assert daemon.tick() is False
     assert box.last("deadman.fired")["action"] == "notify" and box.recorded() == []
 
 
@@ -377,8 +419,7 @@ def test_renew_never_arms_and_a_steady_controller_writes_one_record(box: Box) ->
     box.arm()
     for minute in range(1, 6):
         box.now = T0 + 60 * minute
-        assert renew(box.paths, now=box.now, by="controller", environ=box.environ).lease.expires_at == \
-            box.now + HOUR  # type: ignore[union-attr]
+        assert box.renew().lease.expires_at == box.now + HOUR  # type: ignore[union-attr]
     assert box.kinds() == ["deadman.armed", "deadman.renewed"]
     disarm(box.paths, now=box.now, environ=box.environ)
     after = renew(box.paths, now=box.now + 1, by="controller", environ=box.environ)
@@ -391,7 +432,9 @@ def test_the_lease_file_and_its_directory_are_private(box: Box) -> None:
     assert (box.paths.dir.stat().st_mode & 0o777, box.paths.lease.stat().st_mode & 0o777) == (0o700, 0o600)
     doc = json.loads(box.paths.lease.read_text())
     assert set(doc) == {"v", "armed", "ttl_s", "idle_s", "renewed_at", "expires_at", "renewed_by",
-                        "max_hours", "budget_started_at", "roots", "profile", "authorized", "fired"}
+                        "max_hours", "budget_started_at", "roots", "profile", "authorized", "fired",
+                        "renewed_boottime", "budget_boottime", "boot_id"}
+    assert (doc["renewed_boottime"], doc["boot_id"], doc["budget_boottime"]) == (B0, "boot-1", None)
 
 
 def test_the_feed_relays_each_new_record_once_and_resumes_after_a_restart(box: Box) -> None:
