@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import shlex
 from pathlib import Path
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
@@ -24,7 +25,7 @@ from controller.clibase import CliError, RgtCommand, emit_json, sigterm_as_inter
 from controller.explain import entry_for_event
 from controller.plot import PlotError, plot
 from controller.render import printable
-from controller.store import AmbiguousRun, RunNotFound, Store
+from controller.store import AmbiguousRun, RunNotFound, Store, StoreError
 from controller.watch import WatchResult, watch
 
 log = logging.getLogger(__name__)
@@ -60,9 +61,23 @@ def _watcher_starter(store: Store) -> Callable[[str], Any]:
 # ---- rgt watch --------------------------------------------------------------------
 
 
+EXIT_USAGE = 2
+EXIT_FAILED = 1   # rgt itself failed (its store unreadable, an internal error, interrupted): nothing judged
+
+
+def _no_verdict(code: int, message: str, explain: str, next_step: str) -> None:
+    """The one JSON line of a watch that judged nothing: the keys every other line has, too."""
+    emit_json({"exit": code, "error": message, "event": None, "explain": explain, "next": next_step})
+
+
 def _usage(message: str) -> NoReturn:
-    emit_json({"exit": 2, "error": message})
+    _no_verdict(EXIT_USAGE, message, f"usage error, nothing was watched: {message}", "rgt watch --help")
     raise click.UsageError(message)
+
+
+def _again(runs: Sequence[str], all_runs: bool) -> str:
+    """This watch as a command to run again (every run name quoted: it may hold anything)."""
+    return "rgt watch --all" if all_runs else "rgt watch " + " ".join(shlex.quote(r) for r in runs)
 
 
 def _overrides(min_sev: Optional[str], add: Sequence[str], mute: Sequence[str],
@@ -91,7 +106,7 @@ def with_entry(record: Dict[str, Any]) -> Dict[str, Any]:
     except CatalogError as e:  # a broken catalog must not cost the one JSON line
         log.warning("no catalog entry for %s: %s", event["kind"], e)
         return record
-    return {**record, "entry": entry, "see": f"rgt explain {entry}"} if entry else record
+    return {**record, "entry": entry, "see": f"rgt explain {shlex.quote(entry)}"} if entry else record
 
 
 def _sentence(result: WatchResult) -> str:
@@ -119,11 +134,15 @@ Exit codes:
     4  the link stayed down past the link budget (this says nothing
        about the job: check the box)
     2  usage error
+    1  rgt itself failed and judged nothing: its store is unreadable
+       or damaged (the line's "error" and "next" say how to recover),
+       an internal error, or the watch was interrupted
 
 Exactly one JSON line goes to stdout at the end: {"exit", "run", "event",
 "explain", "next", "entry", "see", "woke_at"} for 10/0/4 ("entry" names the
 catalog entry that explains the event; "see" is `rgt explain <entry>`),
-{"exit", "runs", "status"} for 3.
+{"exit", "runs", "status"} for 3, {"exit", "error", "event": null,
+"explain", "next"} for 2 and 1.
 An event that ended one watch never ends the next, and a flapping condition
 wakes once per flap window. Without --from-now, events stored earlier that
 woke nobody yet are judged first.
@@ -158,18 +177,34 @@ def watch_command(runs: Sequence[str], all_runs: bool, timeout: str, as_json: bo
         overrides = _overrides(min_sev, add, mute, link_budget)
     except ValueError as e:
         _usage(str(e))
-    with Store.open() as store, sigterm_as_interrupt():
-        starter = _watcher_starter(store)
-        try:
-            result = watch(store, runs, all_runs=all_runs, timeout_s=timeout_s,
-                           policy_overrides=overrides, from_now=from_now, ensure_watcher=starter)
-        except (RunNotFound, AmbiguousRun) as e:
-            _usage(f"{e}" + (f" ({e.hint})" if e.hint else ""))
-        except ValueError as e:
-            _usage(str(e))
-        except KeyboardInterrupt:
-            emit_json({"exit": 1, "error": "interrupted"})
-            raise click.Abort() from None
+    again = _again(runs, all_runs)
+    try:
+        with Store.open() as store, sigterm_as_interrupt():
+            starter = _watcher_starter(store)
+            try:
+                result = watch(store, runs, all_runs=all_runs, timeout_s=timeout_s,
+                               policy_overrides=overrides, from_now=from_now, ensure_watcher=starter)
+            except (RunNotFound, AmbiguousRun) as e:
+                _usage(f"{e}" + (f" ({e.hint})" if e.hint else ""))
+    except (click.ClickException, click.exceptions.Exit, click.Abort):
+        raise
+    except KeyboardInterrupt:
+        _no_verdict(EXIT_FAILED, "interrupted", "the watch was interrupted (Ctrl-C or SIGTERM) before "
+                    "anything material happened; nothing was judged", again)
+        raise click.Abort() from None
+    except StoreError as e:  # the store is damaged, locked or unreadable: say so, and how to recover
+        _no_verdict(EXIT_FAILED, str(e), f"rgt could not read its store, so nothing was judged: {e}",
+                    f"{e.hint}; then {again}" if e.hint else again)
+        raise CliError(str(e), e.hint) from e
+    except ValueError as e:  # the overrides were checked above: this is what the store holds (a policy)
+        hint = "`rgt policy --default` and `rgt policy RUN` show the stored wake policies"
+        _no_verdict(EXIT_FAILED, str(e), f"rgt could not judge: {e}", f"{hint}; then {again}")
+        raise CliError(str(e), hint) from e
+    except Exception as e:  # a bug: rgt's command boundary reports it; the JSON line comes first
+        _no_verdict(EXIT_FAILED, f"internal error: {type(e).__name__}: {e}",
+                    "rgt failed, so nothing was judged",
+                    f"rgt --debug {again[len('rgt '):]} shows the traceback; please report it")
+        raise
     result = dataclasses.replace(result, record=with_entry(result.record))
     emit_json(result.record)
     if not as_json:

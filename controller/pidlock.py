@@ -1,14 +1,18 @@
-"""Background processes kept to one by a lock file, with their pid beside it (watchers, queue dispatchers)."""
+"""The processes rgt starts: background ones kept to one by a lock file, with their pid beside it
+(watchers, queue dispatchers), and children that must not outlive rgt (dies_with_us: rsync, ssh)."""
 from __future__ import annotations
 
+import ctypes
 import fcntl
+import functools
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 log = logging.getLogger(__name__)
 
@@ -51,3 +55,44 @@ def start(module: str, name: str, lock: Path, pid_file: Path, log_path: Path,
     log.warning("%s %s (pid %d) has not taken its lock after %gs; see %s",
                 module, name, proc.pid, wait_s, log_path)
     return proc.pid
+
+
+_PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
+
+
+@functools.lru_cache(maxsize=1)
+def _prctl() -> Optional[Any]:
+    """libc's prctl, looked up once in the parent (never in a forked child); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+def dies_with_us() -> Optional[Callable[[], None]]:
+    """A Popen preexec_fn that has the child sent SIGTERM when this process dies, even by SIGKILL
+    (Linux PR_SET_PDEATHSIG); None where there is no such call.
+
+    For children that serve only this process: a transfer (rsync) or an ssh session left
+    running after `rgt pull` is killed would go on writing into a directory nobody watches.
+    SIGTERM, not SIGKILL: rsync then keeps what it received. The signal comes when the
+    *thread* that started the child ends, so start it from a thread that waits for it.
+    A forked grandchild (ssh -f's master) does not inherit it and lives on as designed.
+    Should this process die before prctl runs, the child ends itself (its parent changed).
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(255)
+
+    return preexec

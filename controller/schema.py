@@ -130,5 +130,10 @@ MIGRATIONS: Tuple[Migration, ...] = (
             PRIMARY KEY (queue, idx)
         ) WITHOUT ROWID""",
     )),
+    Migration(5, "what the laptop asked for at launch, kept apart from what the box says", (
+        # JSON object: command, cwd, python, code, profile, onbox_args. `rgt resume` runs this,
+        # never the command the box's run.json or hello claims (controller/boxtrust.py).
+        "ALTER TABLE runs ADD COLUMN launch TEXT NOT NULL DEFAULT '{}'",
+    )),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, List, Mapping, Optional, Protocol, Sequence
 
+from controller import paths, pidlock
+
 log = logging.getLogger(__name__)
 
 # sun_path holds 107 bytes plus NUL, and ssh first binds the ControlPath under a
@@ -112,18 +114,12 @@ def short_socket_path(directory: Path, name: str) -> Path:
 
 
 def _private_dir(directory: Path) -> None:
-    """Create `directory` 0700 if missing. The shared fallback in /tmp must be ours
-    and private (another user could have made it first); other existing
-    directories are the caller's and are left as they are."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if directory != fallback_socket_dir():
-        return
-    st = os.lstat(directory)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise SshError(f"{directory} is not a directory owned by this user; refusing to put sockets there",
-                       hint=f"remove {directory} or set a shorter RGT_HOME")
-    if st.st_mode & 0o077:
-        os.chmod(directory, 0o700)
+    """Create `directory` 0700 if missing; an existing one must be ours (the shared fallback in /tmp
+    may have been made by another user first) and is tightened to 0700: sockets live only there."""
+    try:
+        paths.private_dir(directory, follow=directory != fallback_socket_dir())
+    except paths.UnsafeDir as e:
+        raise SshError(f"{e}; refusing to put sockets there", hint=e.hint) from e
 
 
 def _unlink_socket(path: Path) -> None:
@@ -141,7 +137,8 @@ def _unlink_socket(path: Path) -> None:
 def _execute(argv: Sequence[str], *, input: Optional[bytes] = None, timeout_s: float,
              capture_stdout: bool = True) -> subprocess.CompletedProcess[bytes]:
     """Run argv in its own process group with a deadline; raise TimeoutExpired after
-    ending that group (which we started). stderr goes to a temporary file, not a
+    ending that group (which we started). It dies with this process (pidlock.dies_with_us):
+    a copy or session that outlived a killed rgt would go on alone. stderr goes to a temporary file, not a
     pipe, so a background child that inherits it (ssh -f, a ProxyCommand) cannot
     keep us waiting for EOF."""
     with tempfile.TemporaryFile() as err:
@@ -149,7 +146,7 @@ def _execute(argv: Sequence[str], *, input: Optional[bytes] = None, timeout_s: f
             list(argv),
             stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE if capture_stdout else subprocess.DEVNULL,
-            stderr=err, start_new_session=True,
+            stderr=err, start_new_session=True, preexec_fn=pidlock.dies_with_us(),
         ) as proc:
             try:
                 out, _ = proc.communicate(input, timeout=timeout_s)

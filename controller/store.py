@@ -18,11 +18,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
-import os
 import sqlite3
-import stat
 import time
 from pathlib import Path
 from typing import (
@@ -52,6 +49,7 @@ from controller.storeerrors import (
     StoreBusy,
     StoreCorrupt,
     StoreError,
+    load_json,
     translate,
 )
 
@@ -147,38 +145,7 @@ def migrate(conn: sqlite3.Connection, path: Path) -> int:
     return target
 
 
-# ---- files ----------------------------------------------------------------
-
-
-def _prepare_files(path: Path) -> None:
-    """Create the directory (0700) and the database file (0600) if missing.
-
-    An existing directory is left as it is; an existing database file (or its
-    -wal/-shm) readable by others is tightened to 0600.
-    """
-    try:
-        path.parent.mkdir(mode=0o700, parents=True)
-    except FileExistsError:
-        pass
-    else:
-        os.chmod(path.parent, 0o700)  # mkdir's mode passes through the umask
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        try:
-            os.fchmod(fd, 0o600)
-        finally:
-            os.close(fd)
-    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-        try:
-            mode = stat.S_IMODE(os.stat(name).st_mode)
-            if mode & 0o077:
-                log.warning("%s had mode %o; tightening to 600", name, mode)
-                os.chmod(name, 0o600)
-        except FileNotFoundError:
-            continue
+# ---- connecting -------------------------------------------------------------
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -211,9 +178,6 @@ def _dump(obj: Mapping[str, Any], what: str) -> str:
         raise StoreError(f"{what} cannot be stored: {e}") from e
 
 
-def _load(text: str) -> Dict[str, Any]:
-    obj = json.loads(text)
-    return obj if isinstance(obj, dict) else {}
 
 
 def _prefix_upper(prefix: str) -> Optional[str]:
@@ -256,7 +220,7 @@ class Store:
         """Open (creating and migrating as needed) the store at path, default paths.db_path()."""
         path = paths.db_path() if path is None else Path(path)
         try:
-            _prepare_files(path)
+            paths.prepare_db_files(path)
         except OSError as e:
             raise StoreError(
                 f"cannot create the store {path}: {e.strerror or e}",
@@ -279,6 +243,11 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({str(self.path)!r})"
+
+    def load_json(self, text: Any, where: str) -> Dict[str, Any]:
+        """A JSON column read back (an object; other JSON as {}); StoreCorrupt naming this file, `where`
+        (like "the meta of run 'x' (table runs)") and how to recover when it does not parse."""
+        return load_json(text, self.path, where)
 
     # ---- writes ----------------------------------------------------------
 
@@ -337,6 +306,13 @@ class Store:
             if value is not None:
                 self._conn.execute(f"UPDATE runs SET {column} = ? WHERE run = ?", (value, run))
 
+    @_sql
+    def record_launch(self, run: str, launch: Mapping[str, Any]) -> None:
+        """Keep what the laptop asked for when it launched RUN (command, cwd, python, code, profile):
+        the only command `rgt resume` re-runs without one given. Written once, at launch."""
+        self._conn.execute("UPDATE runs SET launch = ? WHERE run = ?",
+                           (_dump(launch, f"launch record of run {run!r}"), run))
+
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """The connection inside BEGIN IMMEDIATE ... COMMIT, for a module that owns its own
@@ -387,7 +363,9 @@ class Store:
             params.append(limit)
         rows = self._conn.execute(sql, params).fetchall()
         return [
-            protocol.Event(run=run, host=host, seq=seq, ts=ts, kind=kind, sev=sev, data=_load(data))
+            protocol.Event(run=run, host=host, seq=seq, ts=ts, kind=kind, sev=sev,
+                           data=self.load_json(data, f"the data of event seq {seq} of run {run!r} "
+                                                     "(table events)"))
             for seq, ts, kind, sev, host, data in rows
         ]
 
@@ -411,15 +389,17 @@ class Store:
         Keys: run, host, boot_id, protocol_version, package_version, meta (a
         dict), endpoint, first_seen, last_seen, last_seq (the cursor),
         cursor_updated_at (None before the first apply), target, run_dir, resumed_from (the run
-        this one continues), group_run and node (a multi-node run's node stream). A run that only
+        this one continues), group_run and node (a multi-node run's node stream), launch (what the
+        laptop asked for at launch: record_launch). A run that only
         ever had apply() calls shows with empty host and metadata.
         """
-        out = []
-        for row in self._conn.execute(storesql.RUNS).fetchall():
-            item = dict(zip(storesql.RUN_FIELDS, row))
-            item["meta"] = _load(item["meta"])
-            out.append(item)
-        return out
+        return [self._run_item(row) for row in self._conn.execute(storesql.RUNS).fetchall()]
+
+    def _run_item(self, row: Sequence[Any]) -> Dict[str, Any]:
+        item = dict(zip(storesql.RUN_FIELDS, row))
+        for column in ("meta", "launch"):
+            item[column] = self.load_json(item[column], f"the {column} of run {item['run']!r} (table runs)")
+        return item
 
     @_sql
     def resolve_run(self, name: str) -> str:
@@ -460,11 +440,7 @@ class Store:
     def _run_row(self, run: str) -> Optional[Dict[str, Any]]:
         """The run with exactly this id, in one query (runs() reads every row and decodes its meta)."""
         row = self._conn.execute(f"SELECT * FROM ({storesql.RUNS}) WHERE run = ?", (run,)).fetchone()
-        if row is None:
-            return None
-        item = dict(zip(storesql.RUN_FIELDS, row))
-        item["meta"] = _load(item["meta"])
-        return item
+        return None if row is None else self._run_item(row)
 
     @_sql
     def change_marks(self) -> Dict[str, Tuple[int, float, int]]:
@@ -504,7 +480,8 @@ class Store:
         out = []
         for row in rows:
             item = dict(zip(("name", "ssh", "profile", "added_at", "onbox", "root", "installed"), row))
-            item["installed"] = _load(item["installed"])
+            item["installed"] = self.load_json(item["installed"],
+                                               f"the install record of host {item['name']!r} (table hosts)")
             out.append(item)
         return out
 
@@ -551,7 +528,10 @@ class Store:
         rows = self._conn.execute(
             "SELECT id, ts, kind, sev, data FROM local_events WHERE run = ? AND id > ? ORDER BY id",
             (run, since_id)).fetchall()
-        out = [LocalEvent(id=i, run=run, ts=ts, kind=k, sev=sev, data=_load(d)) for i, ts, k, sev, d in rows]
+        out = [LocalEvent(id=i, run=run, ts=ts, kind=k, sev=sev,
+                          data=self.load_json(d, f"the data of local event {i} of run {run!r} "
+                                                 "(table local_events)"))
+               for i, ts, k, sev, d in rows]
         return [e for e in out if not kind_prefix or e.kind.startswith(kind_prefix)]
 
     # ---- wakes, policies, facts shown ---------------------------------------
@@ -573,7 +553,7 @@ class Store:
     def policy(self, run: str) -> Dict[str, Any]:
         """The wake policy stored for `run` ('*': the default for all runs); {} if none."""
         row = self._conn.execute("SELECT policy FROM policies WHERE run = ?", (run,)).fetchone()
-        return _load(row[0]) if row else {}
+        return self.load_json(row[0], f"the wake policy of {run!r} (table policies)") if row else {}
 
     @_sql
     def set_policy(self, run: str, policy: Mapping[str, Any]) -> None:

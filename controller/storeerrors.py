@@ -5,9 +5,10 @@ that says what went wrong with which file; controller.store raises only these.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 
 class StoreError(Exception):
@@ -50,6 +51,35 @@ class AmbiguousRun(StoreError):
         self.candidates = list(candidates)
 
 
+def recovery_hint(path: Path) -> str:
+    """How to get going again after the store at `path` is damaged, and what that costs.
+
+    What it says is what holds: the box's journal keeps every event (rotated files are replayed
+    too) and a watcher re-fetches a run's events from seq 1 when its cursor is gone, so only what
+    this laptop alone recorded is lost with the file.
+    """
+    return (f"move {path} aside (with its -wal and -shm files, if any); rgt starts an empty store "
+            "there. No event is lost: each box's journal keeps them all, and `rgt track HOST RUN` "
+            "(`rgt attach RUN_DIR` for host local) fetches a run's events again. Lost with the file: "
+            "the hosts (`rgt hosts add` them again first), wake records (a new `rgt watch` may "
+            "report old events again; --from-now skips them), policies, queues and launch records")
+
+
+def load_json(text: Any, path: Path, where: str) -> Dict[str, Any]:
+    """A JSON column of the store read back: an object (other JSON, which rgt never writes, as {}).
+
+    Text that does not parse means the file was damaged or edited by hand: StoreCorrupt naming
+    the file, the row (`where`, like "the meta of run 'x' (table runs)") and the way back.
+    """
+    try:
+        obj = json.loads(text)
+    except (ValueError, TypeError) as e:
+        detail = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+        raise StoreCorrupt(f"the store {path} is damaged: {where} is not valid JSON ({detail})",
+                           hint=recovery_hint(path)) from e
+    return obj if isinstance(obj, dict) else {}
+
+
 def translate(e: sqlite3.Error, path: Path, busy_timeout_s: float) -> StoreError:
     """A StoreError that says what went wrong with which file."""
     name = str(getattr(e, "sqlite_errorname", ""))
@@ -62,10 +92,8 @@ def translate(e: sqlite3.Error, path: Path, busy_timeout_s: float) -> StoreError
         )
     if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")) or "not a database" in low \
             or "malformed" in low:
-        return StoreCorrupt(
-            f"{path} is not a usable rgt database ({text})",
-            hint="move the file aside; rgt starts a new database at that path",
-        )
+        return StoreCorrupt(f"the store {path} is damaged or not an rgt database ({text})",
+                            hint=recovery_hint(path))
     if name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM")) \
             or "readonly" in low or "unable to open" in low:
         return StoreError(

@@ -34,15 +34,15 @@ ON CONFLICT (run) DO UPDATE SET
 RUNS = """
 SELECT r.run AS run, r.host, r.boot_id, r.protocol_version, r.package_version, r.meta,
        r.endpoint, r.first_seen, r.last_seen AS last_seen, COALESCE(c.last_seq, 0), c.updated_at,
-       r.target, r.run_dir, r.resumed_from, r.group_run, r.node
+       r.target, r.run_dir, r.resumed_from, r.group_run, r.node, r.launch
 FROM runs AS r LEFT JOIN cursors AS c ON c.run = r.run
 UNION ALL
 SELECT c.run, '', c.boot_id, 0, '', '{}', '', c.updated_at, c.updated_at, c.last_seq, c.updated_at,
-       '', '', '', '', ''
+       '', '', '', '', '', '{}'
 FROM cursors AS c WHERE c.run NOT IN (SELECT run FROM runs)
 ORDER BY last_seen DESC, run
 """
 
 RUN_FIELDS = ("run", "host", "boot_id", "protocol_version", "package_version", "meta",
                "endpoint", "first_seen", "last_seen", "last_seq", "cursor_updated_at", "target",
-               "run_dir", "resumed_from", "group_run", "node")
+               "run_dir", "resumed_from", "group_run", "node", "launch")

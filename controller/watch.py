@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
+import shlex
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
@@ -332,8 +333,8 @@ class _Watch:
                 "explain": (f"the link to the box has been down for {seconds(t - lost.ts)} (budget "
                             f"{seconds(st.policy.link_budget_s)}): the transport is down; this says "
                             "NOTHING about the job"),
-                "next": f"rgt status {printable(st.run)}, then check the box itself (ssh, the "
-                        "provider's console) before concluding anything about the job"})
+                "next": f"rgt status {printable(shlex.quote(st.run))}, then check the box itself (ssh, "
+                        "the provider's console) before concluding anything about the job"})
         return None
 
     def nothing_left(self, runs: Dict[str, _Run], t: float) -> WatchResult:

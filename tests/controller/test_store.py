@@ -89,7 +89,7 @@ def test_loose_database_file_is_tightened(home: Path) -> None:
 def test_fresh_store_is_wal_at_the_newest_schema(db: Store) -> None:
     conn = sqlite3.connect(db.path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         conn.close()
@@ -225,7 +225,7 @@ def test_a_file_that_is_not_a_database_is_reported(home: Path) -> None:
     with pytest.raises(StoreCorrupt) as info:
         Store.open()
     assert str(home / "rgt.db") in str(info.value)
-    assert info.value.hint is not None and "move the file aside" in info.value.hint
+    assert info.value.hint is not None and f"move {home / 'rgt.db'} aside" in info.value.hint
 
 
 def test_a_held_write_lock_times_out_as_store_busy(
@@ -332,7 +332,7 @@ def test_upsert_run_keeps_first_seen_and_known_fields(home: Path) -> None:
             "package_version": "0.1.0", "meta": {"cmd": "python train.py"},
             "endpoint": "ipc:///tmp/x", "first_seen": 100.0, "last_seen": 200.0,
             "last_seq": 0, "cursor_updated_at": None, "target": "", "run_dir": "",
-            "resumed_from": "", "group_run": "", "node": "",
+            "resumed_from": "", "group_run": "", "node": "", "launch": {},
         }
         s.upsert_run(RUN, host="", target="box", run_dir="/r/x")  # rgt launch knows these first
         s.upsert_run(RUN, host="box1")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 import time
 from pathlib import Path
@@ -263,6 +264,23 @@ def test_a_link_down_past_its_budget_is_4_and_says_nothing_about_the_job(store: 
     assert run_watch(store, timeout_s=0.3, policy_overrides={"link_budget_s": 5}).exit_code == 3
 
 
+ODD = "x'; rm -rf ~ $(id) `id`"   # an id an older rgt may have stored: any string at all
+
+
+def test_the_next_command_quotes_a_run_id_the_shell_would_misread(store: Store) -> None:
+    store.upsert_run(ODD, host="box1")
+    store.apply(ODD, [ev(1, "sidecar.started", run=ODD), ev(2, "job.started", run=ODD, pid=7)], 2)
+    store.add_local_event(ODD, "link.lost", "warn", {"reason": "eof"}, ts=time.time() - 10)
+    down = run_watch(store, [ODD], policy_overrides={"link_budget_s": 1})
+    assert down.exit_code == 4
+    assert shlex.split(down.record["next"].split(",")[0]) == ["rgt", "status", ODD]
+    store.apply(ODD, [ev(3, "job.exited", "warn", run=ODD, code=1)], 3)
+    failed = run_watch(store, [ODD])
+    assert failed.exit_code == 10
+    first = failed.record["next"].split(",")[0]
+    assert shlex.split(first)[-1] == ODD and first.startswith("rgt ")
+
+
 def test_a_restored_link_is_not_down(store: Store) -> None:
     store.add_local_event(RUN, "link.lost", "warn", {}, ts=time.time() - 10)
     store.add_local_event(RUN, "link.restored", "info", {}, ts=time.time() - 5)
@@ -355,7 +373,7 @@ def test_durations() -> None:
 
 def test_help_states_the_exit_codes() -> None:
     text = CliRunner().invoke(cli_watch.watch_command, ["--help"]).output
-    for code in ("10", " 0", " 3", " 4", " 2"):
+    for code in ("10", " 0", " 3", " 4", " 2", " 1"):
         assert f"{code}  " in text
     assert "--from-now" in text
 
