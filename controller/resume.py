@@ -3,9 +3,12 @@
     plan = make_plan(store, run, host, Options())   # reads the store and pulls, asks HOST two questions
     answer = execute(store, plan)                    # push, launch, record the lineage
 
-1. What to run: the old run's run.json (command, cwd, project, watch settings), from its newest pull
-   that has one, else the store's metadata, else the old box itself when it still answers. A command
-   recorded with *** in it (the launcher redacted a secret-looking value) is refused, as is none.
+1. What to run (controller/resume_command.py): the command given after `--`, else the one the
+   laptop recorded at launch, never the one the old box's run.json or hello names (that one is
+   shown when it differs); with no laptop record and none given, the resume is refused. The old
+   run's run.json (from its newest pull, else the store's metadata, else the old box) gives only
+   the watch settings carried, the env and secret names, its durable dir and its project name.
+   `rgt resume` shows this and asks before it pushes anything (cli_resume.py).
 2. Which checkpoint: every checkpoint custody hashed for the run (its ckpt.saved events, and the
    rgt/manifest.jsonl of each pull), newest first; the first usable one wins, and it is usable
    - on a durable path (its ckpt.durable event) under the durable dir of HOST's profile or of the old
@@ -23,11 +26,12 @@
    temporary names left out) into the new run's checkpoint dir
    <root>/<project>/active/<new-run>/checkpoints/, and with --code DIR that
    directory's contents into the command's cwd there (.git, __pycache__ and pulled runs left out).
-4. Launch the same command in the same cwd through `rgt-onbox launch --resume-from PATH
+4. Launch that command in that cwd through `rgt-onbox launch --resume-from PATH
    --resume-sha256 HEX --resume-step N --resumes OLD` (HEX: a directory's unit digest): the launcher
    hashes the file (each file of the directory) again, refuses a mismatch, records it in the new
-   run's custody and sets RGT_RESUME_FROM. The new run is stored with `resumed_from` = OLD, so
-   `rgt status` shows one history.
+   run's custody and sets RGT_RESUME_FROM. The box's answer is checked (boxtrust.launch_answer:
+   the run id asked for, a run dir named after it). The new run is stored with `resumed_from` = OLD,
+   so `rgt status` shows one history, and with the laptop's launch record of what it ran.
 """
 from __future__ import annotations
 
@@ -36,7 +40,6 @@ import hashlib
 import json
 import os
 import posixpath
-import re
 import secrets
 import shlex
 import time
@@ -47,37 +50,31 @@ import profiles
 from protocol.pull import FILENAME as PULL_MANIFEST
 from protocol.pull import is_temporary
 
-from controller import install
+from controller import boxtrust, install
 from controller.install import LOCAL, InstallError
 from controller.output import error_tail, last_json_object
 from controller.pullstage import sha256_of
+from controller.resume_command import (
+    ResumeError,
+    What,
+    box_notes,
+    carried_args,
+    decide,
+    inside,
+    read_json,
+    run_doc,
+    watch,
+)
 from controller.ssh import LocalShell, Ssh, SshError
 from controller.status import all_events, nonfinite_checkpoints
 from controller.store import Store
-from controller.storeerrors import StoreError
 
-SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-REDACTED = "***"
 LAUNCH_TIMEOUT_S = 1800  # the launcher hashes (and may copy) the checkpoint before it answers
 CODE_EXCLUDES = (".git", "__pycache__")
-# The old run's watch settings (run.json "watch") that the new run keeps, as `rgt-onbox launch` flags.
-CARRIED = (("scalars", "--watch-scalar"), ("log_regex", "--log-regex"), ("stall_floor_s", "--stall-floor"),
-           ("stall_grace_s", "--stall-grace"), ("expected_steps", "--expected-steps"),
-           ("expected_seconds", "--expected-seconds"), ("stale_after_s", "--stale-after"),
-           ("durable_policy", "--durable-policy"))
 Shell = Union[Ssh, LocalShell]
 DIR = "dir"  # a custody record's kind for a directory unit (onbox.manifest.DIR)
 # What a directory unit's push leaves out: the temporary names custody never counts (is_temporary).
 TEMP_EXCLUDES = (".*", "*.tmp", "*.partial", "*.tmp.*", "tmp-*", "tmp_*")
-
-
-class ResumeError(Exception):
-    """The resume cannot go on; `hint` is what a person can do."""
-
-    def __init__(self, message: str, hint: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
 
 
 @dataclasses.dataclass
@@ -106,6 +103,7 @@ class Options:
     code: Optional[Path] = None           # a local directory pushed to that cwd first
     onbox_args: Sequence[str] = ()        # more `rgt-onbox launch` arguments
     allow_nonfinite: bool = False         # may pick a checkpoint verify found NaN/Inf weights in
+    command: Sequence[str] = ()           # the command to run (default: the laptop's launch record)
 
 
 @dataclasses.dataclass
@@ -125,6 +123,10 @@ class Plan:
     code: Optional[str] = None
     onbox_args: List[str] = dataclasses.field(default_factory=list)
     notes: List[str] = dataclasses.field(default_factory=list)
+    command_source: str = "launch"        # "launch" (the laptop's record) or "given" (after --)
+    python: Optional[str] = None          # --python for the launcher (the one the launch named)
+    box_command: Optional[List[str]] = None  # what the old box says the command was, when not this one
+    code_to: Optional[str] = None         # where --code goes on HOST (default: the cwd)
 
     @property
     def run_dir(self) -> str:
@@ -157,56 +159,14 @@ def pulled_dirs(store: Store, run_id: str) -> List[Path]:
     return out
 
 
-def _read_json(path: Path) -> Optional[Dict[str, Any]]:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def run_doc(store: Store, info: Dict[str, Any], dirs: Sequence[Path]) -> Dict[str, Any]:
-    """The old run's run.json: from a pull, else the store's metadata, else its box; {} when none."""
-    for where in dirs:
-        doc = _read_json(where / "run.json")
-        if doc is not None and doc.get("id") in (None, info["run"]):
-            return doc
-    meta = info.get("meta") or {}
-    if isinstance(meta, dict) and meta.get("command"):
-        return meta
-    if not info.get("target") or not info.get("run_dir"):
-        return {}
-    try:
-        shell = install.shell_for(install.host_record(store, str(info["target"])))
-        path = shlex.quote(str(info["run_dir"]) + "/run.json")
-        done = shell.run(f"cat -- {path}", check=False, timeout_s=30)
-        doc = json.loads(done.stdout) if done.returncode == 0 else None
-    except (SshError, StoreError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def command_of(doc: Dict[str, Any], run: str) -> List[str]:
-    """The command to run again, or ResumeError when it is unknown or was redacted."""
-    command = doc.get("command")
-    if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
-        raise ResumeError(f"no command is known for {run}",
-                          hint=f"rgt pull {run} first: the pull brings its run.json (command and cwd)")
-    if any(REDACTED in arg for arg in command):
-        raise ResumeError(f"the recorded command of {run} was redacted ({REDACTED} stands where a "
-                          "secret-looking value was), so rgt cannot run it again",
-                          hint="take the secret off the command line (rgt secret push HOST NAME, or "
-                               "--onbox-arg=--env=NAME) and start the fixed command with rgt launch")
-    return list(command)
-
-
 # ---- which checkpoint -----------------------------------------------------------------------------
 
 
 def _manifest_records(where: Path) -> Iterator[Dict[str, Any]]:
     """The custody records in a pulled dir's rgt/manifest.jsonl (torn or foreign lines skipped)."""
+    path = inside(where, "rgt", "manifest.jsonl")
     try:
-        lines = (where / "rgt" / "manifest.jsonl").read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path is not None else []
     except OSError:
         return
     for line in lines:
@@ -299,7 +259,8 @@ def unit_files(unit: Path) -> List[Tuple[str, Path]]:
 def _pulled_units(where: Path, name: str) -> List[str]:
     """The directory units named `name` in a pull's PULL_MANIFEST.json (units outside the run dir
     lie under rgt/external/ there)."""
-    doc = _read_json(where / "rgt" / PULL_MANIFEST) or {}
+    path = inside(where, "rgt", PULL_MANIFEST)
+    doc = (read_json(path) if path is not None else None) or {}
     listed = doc.get("files")
     files: List[Any] = listed if isinstance(listed, list) else []
     units = {str(e.get("unit")) for e in files if isinstance(e, dict) and isinstance(e.get("unit"), str)
@@ -333,8 +294,8 @@ class Finder:
         for where in self.dirs:
             rels = [r for r in (ck.rel, ck.pull_path) if r and _inside_rel(r)]
             for rel in dict.fromkeys(rels + _pulled_units(where, posixpath.basename(ck.rel.rstrip("/")))):
-                path = where / rel
-                if not path.is_dir():
+                path = inside(where, rel)  # a pull is the box's tree: no symlink out of it
+                if path is None or not path.is_dir():
                     continue
                 if self.unit_digest(path) == ck.sha256:
                     return path
@@ -348,7 +309,9 @@ class Finder:
         if not _inside_rel(ck.rel):
             return None
         for where in self.dirs:
-            path = where / ck.rel
+            path = inside(where, ck.rel)
+            if path is None:
+                continue
             try:
                 size = path.stat().st_size if path.is_file() else -1
             except OSError:
@@ -417,20 +380,17 @@ def _expand(path: str) -> str:
     return shlex.quote(path)
 
 
-def remote_facts(shell: Shell, root: Optional[str], cwd: str) -> Tuple[str, bool]:
-    """(the runs root on the box as an absolute path, whether `cwd` exists there)."""
+def remote_facts(shell: Shell, root: Optional[str], cwd: str, in_root: bool = False) -> Tuple[str, bool]:
+    """(the runs root on the box as an absolute path, whether `cwd` exists there; with `in_root`
+    the cwd is relative to that root)."""
     value = _expand(root) if root else '"${RGT_ROOT:-$HOME/rgt-runs}"'
+    where = f'"$r"/{shlex.quote(cwd)}' if in_root else _expand(cwd)
     script = (f'r={value}; case "$r" in /*) ;; *) r="$HOME/$r" ;; esac; printf "%s\\n" "$r"; '
-              f"if [ -d {_expand(cwd)} ]; then echo cwd=yes; else echo cwd=no; fi")
+              f"if [ -d {where} ]; then echo cwd=yes; else echo cwd=no; fi")
     lines = shell.run(script, timeout_s=60).stdout.decode("utf-8", "replace").splitlines()
     if len(lines) < 2 or not lines[-2].startswith("/"):
         raise ResumeError(f"{shell.alias}: could not work out where runs live there (got {lines[-2:]!r})")
     return posixpath.normpath(lines[-2]), lines[-1] == "cwd=yes"
-
-
-def _watch(doc: Mapping[str, Any]) -> Dict[str, Any]:
-    watch = doc.get("watch")
-    return watch if isinstance(watch, dict) else {}
 
 
 def durable_roots(store: Store, host: str, doc: Dict[str, Any]) -> List[str]:
@@ -443,8 +403,7 @@ def durable_roots(store: Store, host: str, doc: Dict[str, Any]) -> List[str]:
         except profiles.ProfileError:
             found = None
         roots += [found] if found else []
-    watch = _watch(doc)
-    roots += [v for v in (doc.get("durable_dir"), watch.get("durable_dir")) if isinstance(v, str) and v]
+    roots += [v for v in (doc.get("durable_dir"), watch(doc).get("durable_dir")) if isinstance(v, str) and v]
     return roots
 
 
@@ -458,37 +417,23 @@ def _visible(shell: Shell) -> Callable[[str, int], bool]:
     return visible
 
 
-def carried_args(doc: Dict[str, Any], given: Sequence[str]) -> List[str]:
-    """The old run's watch settings as launch flags, except those the user passes himself."""
-    watch = _watch(doc)
-    out: List[str] = []
-    for key, flag in CARRIED:
-        value = watch.get(key)
-        if value is None or any(a == flag or a.startswith(flag + "=") for a in given):
-            continue
-        for item in value if isinstance(value, list) else [value]:
-            out.append(f"{flag}={item}")
-    return out
-
-
-def _notes(doc: Dict[str, Any], host: str) -> List[str]:
-    notes = []
-    if doc.get("env_set"):
-        notes.append(f"the old run set {', '.join(map(str, doc['env_set']))} with --env; values are never "
-                     "recorded: pass them again with --onbox-arg=--env=NAME")
-    if doc.get("secrets"):
-        notes.append(f"the old run had the box secrets {', '.join(map(str, doc['secrets']))}; push them to "
-                     f"{host} first if they are not there (rgt secret push {host} NAME)")
-    return notes
-
-
 def _new_id(store: Store, wanted: Optional[str]) -> str:
-    run_id = wanted or new_run_id()
-    if not SAFE_ID.match(run_id):
-        raise ResumeError(f"run id {run_id!r} must be 1-128 of A-Z a-z 0-9 . _ - (starting alphanumeric)")
+    try:
+        run_id = boxtrust.run_id(wanted or new_run_id(), "--run-id")
+    except boxtrust.Untrusted as e:
+        raise ResumeError(str(e), hint="leave out --run-id, or name one by that grammar") from None
     if run_id in {str(r["run"]) for r in store.runs()}:
         raise ResumeError(f"run {run_id} exists already", hint="leave out --run-id, or name a new one")
     return run_id
+
+
+def _project(what: What, doc: Mapping[str, Any]) -> str:
+    """The new run's project: the launch's, else the old run's name for it (a claim, but only a
+    name: it must pass the run-id grammar), else "default"."""
+    for value in (what.project, doc.get("project")):
+        if boxtrust.is_run_id(value):
+            return str(value)
+    return "default"
 
 
 def make_plan(store: Store, run: str, host: str, opts: Options, shell: Optional[Shell] = None) -> Plan:
@@ -498,31 +443,32 @@ def make_plan(store: Store, run: str, host: str, opts: Options, shell: Optional[
     record = install.host_record(store, host)
     dirs = pulled_dirs(store, run_id)
     doc = run_doc(store, info, dirs)
-    command = command_of(doc, run_id)
-    cwd = opts.cwd or doc.get("cwd")
-    if not isinstance(cwd, str) or not cwd:
-        raise ResumeError(f"no working directory is known for {run_id}", hint="name one with --cwd DIR")
-    project = str(doc.get("project") or "")
-    project = project if SAFE_ID.match(project) else "default"
+    what = decide(info, doc, host, opts.command, opts.cwd)
+    project = _project(what, doc)
     new_id = _new_id(store, opts.run_id)
     candidates, finite_notes = without_nonfinite(store, run_id, custody(store, run_id, dirs),
                                                  opts.allow_nonfinite)
     shell = shell or install.shell_for(record)
-    root, cwd_there = remote_facts(shell, opts.root or str(record.get("root") or "") or None, cwd)
+    root, cwd_there = remote_facts(shell, opts.root or str(record.get("root") or "") or None, what.cwd,
+                                   what.in_root)
+    cwd = f"{root}/{what.cwd}" if what.in_root else what.cwd
     if not cwd_there and opts.code is None:
+        code = " (the tree rgt launch --code synced)" if what.code_dir else ""
         raise ResumeError(f"the command's directory {cwd} does not exist on {host}",
-                          hint="push the code there with --code DIR, or run elsewhere with --cwd DIR")
+                          hint=f"push the code there with --code DIR{code}, or run elsewhere with --cwd DIR")
     finder = Finder(dirs, durable_roots(store, host, doc), _visible(shell))
     ck, source, local = choose(candidates, finder, run_id, opts.checkpoint)
     run_dir = f"{root}/{project}/active/{new_id}"
     there = ck.durable if source == "durable" and ck.durable else \
         f"{run_dir}/checkpoints/{posixpath.basename(ck.rel)}"
-    return Plan(run=run_id, host=host, run_id=new_id, project=project, root=root, cwd=cwd, command=command,
-                checkpoint=ck, source=source, local_path=str(local) if local else None, resume_from=there,
-                push_bytes=ck.size if source == "local" else 0,
+    return Plan(run=run_id, host=host, run_id=new_id, project=project, root=root, cwd=cwd,
+                command=what.command, checkpoint=ck, source=source, local_path=str(local) if local else None,
+                resume_from=there, push_bytes=ck.size if source == "local" else 0,
                 code=str(Path(opts.code).resolve()) if opts.code else None,
                 onbox_args=carried_args(doc, opts.onbox_args) + list(opts.onbox_args),
-                notes=finite_notes + finder.notes + _notes(doc, host))
+                notes=what.notes + finite_notes + finder.notes + box_notes(doc, host),
+                command_source=what.source, python=what.python, box_command=what.box_command,
+                code_to=f"{root}/{what.code_dir}" if what.code_dir and opts.code else None)
 
 
 # ---- doing it -------------------------------------------------------------------------------------
@@ -551,8 +497,21 @@ def launch_line(plan: Plan, onbox: str, record: Dict[str, Any]) -> str:
     args += ["--resume-from", plan.resume_from, "--resume-sha256", plan.checkpoint.sha256]
     if plan.checkpoint.step is not None:
         args += ["--resume-step", str(plan.checkpoint.step)]
+    if plan.python and not any(a == "--python" or a.startswith("--python=") for a in plan.onbox_args):
+        args += ["--python", plan.python]
     args += ["--resumes", plan.run, *plan.onbox_args]
     return f"cd -- {_expand(plan.cwd)} && {onbox} {shlex.join(args)} -- {shlex.join(plan.command)}"
+
+
+def launch_record(plan: Plan, record: Mapping[str, Any]) -> Dict[str, Any]:
+    """The laptop's record of what this resume started (store.record_launch): what a later resume of
+    the new run runs again. Its cwd is the one it ran in (absolute, so it is taken as it is); its code
+    is where --code went on HOST, as `rgt launch` records it."""
+    profile = str(record.get("profile") or "") if plan.host != LOCAL else ""
+    return {"command": list(plan.command), "cwd": plan.cwd, "python": plan.python,
+            "code": (plan.code_to or plan.cwd) if plan.code else None,
+            "profile": profile or None, "onbox_args": list(plan.onbox_args), "host": plan.host,
+            "project": plan.project}
 
 
 def execute(store: Store, plan: Plan, shell: Optional[Shell] = None) -> Dict[str, Any]:
@@ -565,7 +524,8 @@ def execute(store: Store, plan: Plan, shell: Optional[Shell] = None) -> Dict[str
             shell.start_master()  # it ends itself once idle (ssh.MASTER_IDLE_S)
         install.check_version(shell, onbox, plan.host)
         if plan.code:
-            shell.push(Path(plan.code), plan.cwd, excludes=code_excludes(store, Path(plan.code)))
+            code = Path(plan.code)
+            shell.push(code, plan.code_to or plan.cwd, excludes=code_excludes(store, code))
         if plan.source == "local" and plan.local_path:
             unit = plan.checkpoint.kind == DIR
             shell.push(Path(plan.local_path), plan.resume_from, excludes=TEMP_EXCLUDES if unit else ())
@@ -579,12 +539,20 @@ def execute(store: Store, plan: Plan, shell: Optional[Shell] = None) -> Dict[str
         raise ResumeError(f"{plan.host} refused the resumed launch (exit {out.returncode}): "
                           f"{error_tail(out.stderr)}", hint=f"nothing runs there; see `rgt resume {plan.run} "
                           f"--on {plan.host} --dry-run` for the plan")
+    try:
+        answer = boxtrust.launch_answer(answer, plan.run_id)
+    except boxtrust.Untrusted as e:
+        raise ResumeError(f"{plan.host}'s answer to the resumed launch is refused: {e}",
+                          hint=f"the job may be running there untracked: look with `rgt-onbox ps` on "
+                               f"{plan.host} and stop it with `rgt-onbox stop {plan.run_id}`") from None
     new = str(answer["run_id"])
     store.upsert_run(new, host="", target=plan.host, run_dir=str(answer["run_dir"]))
     store.set_lineage(new, resumed_from=plan.run)
+    store.record_launch(new, launch_record(plan, record))
     return {**answer, "host": plan.host, "resumed_from": plan.run, "checkpoint": plan.checkpoint.to_dict(),
             "source": plan.source, "pushed_bytes": plan.push_bytes}
 
 
-__all__ = ["Checkpoint", "Finder", "Options", "Plan", "ResumeError", "choose", "command_of", "custody",
-           "execute", "launch_line", "make_plan", "new_run_id", "pulled_dirs", "remote_facts", "run_doc"]
+__all__ = ["Checkpoint", "Finder", "Options", "Plan", "ResumeError", "carried_args",
+           "choose", "custody", "execute", "launch_line", "launch_record", "make_plan", "new_run_id",
+           "pulled_dirs", "remote_facts", "run_doc"]

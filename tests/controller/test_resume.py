@@ -47,6 +47,10 @@ class Old:
         self.doc: Dict[str, Any] = {"id": RUN, "project": "p", "command": COMMAND, "cwd": str(self.cwd),
                                     "watch": {"scalars": ["loss", "acc"], "stall_floor_s": 60}}
         store.upsert_run(RUN, host="box1", target="gone", run_dir="/box/runs/p/active/" + RUN)
+        # What the laptop recorded at launch: the command resume runs (the box's run.json is a claim).
+        self.launch: Dict[str, Any] = {"command": COMMAND, "cwd": str(self.cwd), "python": None, "code": None,
+                                       "profile": None, "onbox_args": [], "host": "gone"}
+        store.record_launch(RUN, self.launch)
         self.events: List[Event] = []
         for step in steps:
             self.event("ckpt.saved", path=f"checkpoints/step{step:06d}.pt", size=len(payload(step)),
@@ -214,14 +218,16 @@ def test_without_a_local_copy_or_a_durable_one_the_hint_is_to_pull(tmp_path: Pat
     assert "error: none of the 3 checkpoints" in out.output and f"hint: rgt pull {RUN} first" in out.output
 
 
-@pytest.mark.parametrize("doc, says, hint", [
-    ({"command": ["python", "train.py", "--token=***"]}, "was redacted", "rgt secret push"),
-    ({"command": None}, "no command is known", "rgt pull"),
+@pytest.mark.parametrize("launch, says, hint", [
+    # The laptop's launch record decides (the box's run.json does not: tests/controller/test_resume_trust.py).
+    ({"command": None}, "the laptop has no record of the command",
+     f"rgt resume {RUN} --on local --cwd DIR --"),
     ({"cwd": "/nowhere/at/all"}, "does not exist on local", "--code DIR"),
 ])
-def test_a_command_that_cannot_run_again_is_refused(old: Old, store: Store, doc: Dict[str, Any], says: str,
+def test_a_command_that_cannot_run_again_is_refused(old: Old, store: Store, launch: Dict[str, Any], says: str,
                                                     hint: str) -> None:
-    old.pull([40], doc={**old.doc, **doc})
+    old.pull([40])
+    store.record_launch(RUN, {**old.launch, **launch})
     with pytest.raises(ResumeError) as e:
         plan(store)
     assert says in e.value.message and hint in str(e.value.hint)
@@ -234,7 +240,7 @@ def test_no_checkpoint_at_all_and_a_taken_run_id_are_refused(tmp_path: Path, sto
         plan(store)
     with pytest.raises(ResumeError, match="exists already"):
         plan(store, run_id=RUN)
-    with pytest.raises(ResumeError, match="must be 1-128"):
+    with pytest.raises(ResumeError, match="is not a run id"):
         plan(store, run_id="../x")
 
 

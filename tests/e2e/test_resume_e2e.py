@@ -68,7 +68,8 @@ def launch_and_preempt(rgt: Rgt, *extra: str, onbox_args: Sequence[str] = ()) ->
 
 
 def resume_on_h2(rgt: Rgt, run: str, *extra: str) -> Dict[str, Any]:
-    out = rgt("resume", run, "--on", "h2", "--json", *TEST_ONBOX_ARGS, *extra, timeout_s=300)
+    # --json needs --yes: resume runs the command the laptop recorded at launch, asked or told to.
+    out = rgt("resume", run, "--on", "h2", "--json", "--yes", *TEST_ONBOX_ARGS, *extra, timeout_s=300)
     answer = last_json(out.stdout)
     rgt.runs.append(answer["run_id"])
     assert rgt.box is not None and Path(answer["run_dir"]).parent.parent.parent == rgt.box.home / "h2"

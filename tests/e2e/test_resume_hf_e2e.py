@@ -62,8 +62,8 @@ def test_a_preempted_hf_run_resumes_elsewhere_from_its_checkpoint_directory(rgt_
 
     work = rgt.box.home / "h2" / "work"
     work.mkdir(parents=True)
-    answer = last_json(rgt("resume", run, "--on", "h2", "--json", "--cwd", str(work), *TEST_ONBOX_ARGS,
-                           LINGER, timeout_s=300).stdout)
+    answer = last_json(rgt("resume", run, "--on", "h2", "--json", "--yes", "--cwd", str(work),
+                           *TEST_ONBOX_ARGS, LINGER, timeout_s=300).stdout)
     new, run_dir = str(answer["run_id"]), Path(answer["run_dir"])
     rgt.runs.append(new)
     ck = answer["checkpoint"]
