@@ -6,9 +6,13 @@ maps tensor names to {"dtype", "shape", "data_offsets": [begin, end]} (offsets r
 data area) plus an optional "__metadata__" map of strings. A file passes when
 
 - N is at most MAX_HEADER_BYTES and 8 + N is at most the file size;
-- the header is UTF-8 JSON, an object, with no name given twice;
-- every dtype is known, every shape a list of non-negative ints, every span [begin, end] with
-  end - begin == prod(shape) x dtype size (sub-byte dtypes must fill whole bytes);
+- the header is UTF-8 JSON, an object, with no name given twice; before it is parsed its shape is
+  measured (strings blanked, brackets counted: C-speed regexes), and a header nesting deeper than
+  MAX_DEPTH, or holding more than MAX_CONTAINERS arrays/objects or MAX_ITEMS values, is refused
+  with a HeaderError, so a hostile header can never raise RecursionError or exhaust memory here;
+- every dtype is known, every shape a list of at most MAX_RANK ints in [0, 2^64), its byte size
+  within 64 bits (what the safetensors loader's checked arithmetic accepts), every span [begin,
+  end] with end - begin == prod(shape) x dtype size (sub-byte dtypes must fill whole bytes);
 - sorted by begin, the spans neither overlap nor leave a hole, and they cover the data area exactly
   (what the safetensors loader itself demands, so a file we pass is a file it loads).
 
@@ -17,13 +21,23 @@ Nothing here reads the tensor bytes; `parse_path` reads the first 8 + N bytes on
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
+import re
 import struct
 from pathlib import Path
 from typing import IO, Any, Dict, List, Sequence, Tuple
 
 MAX_HEADER_BYTES = 100 * 1000 * 1000  # safetensors' own cap on N
+MAX_DEPTH = 64  # nesting of arrays/objects: a real header needs 3
+MAX_CONTAINERS = 3_000_000  # arrays + objects: ~3 per tensor, so a million tensors
+MAX_ITEMS = 8_000_000  # values (separators + containers): bounds what json builds in memory
+MAX_RANK = 64
+MAX_U64 = (1 << 64) - 1  # the loader's usize
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 # Bits per element of every dtype safetensors 0.8 writes.
 DTYPE_BITS: Dict[str, int] = {
@@ -108,15 +122,38 @@ def _no_duplicates(pairs: Sequence[Tuple[str, Any]]) -> Dict[str, Any]:
     return out
 
 
+def measure(text: str) -> None:
+    """Refuse a header text too deep or too large to parse safely (HeaderError), before json sees
+    it: strings blanked out, then brackets counted and their running depth taken."""
+    skeleton = _STRING.sub("0", text)
+    brackets = _NOT_BRACKET.sub("", skeleton)
+    containers = brackets.count("[") + brackets.count("{")
+    if containers > MAX_CONTAINERS:
+        raise HeaderError(f"header holds {containers} arrays/objects (limit {MAX_CONTAINERS}): "
+                          "refused without parsing it")
+    items = skeleton.count(",") + containers
+    if items > MAX_ITEMS:
+        raise HeaderError(f"header holds about {items} values (limit {MAX_ITEMS}): "
+                          "refused without parsing it")
+    depth = max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0)
+    if depth > MAX_DEPTH:
+        raise HeaderError(f"header nests {depth} levels deep (limit {MAX_DEPTH}): refused without parsing it")
+
+
 def _decode_header(raw: bytes) -> Dict[str, Any]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise HeaderError(f"header is not UTF-8 (byte {e.start})") from e
+    measure(text)
     try:
         header = json.loads(text, object_pairs_hook=_no_duplicates)
+    except HeaderError:
+        raise
     except json.JSONDecodeError as e:
         raise HeaderError(f"header is not JSON: {e.msg} at offset {e.pos}") from e
+    except (ValueError, RecursionError, MemoryError) as e:  # e.g. an int of over 4300 digits
+        raise HeaderError(f"header does not parse: {type(e).__name__}: {str(e)[:120]}") from e
     if not isinstance(header, dict):
         raise HeaderError(f"header is a JSON {type(header).__name__}, not an object")
     return header
@@ -144,17 +181,31 @@ def _tensor(name: str, entry: Any) -> TensorSpan:
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise HeaderError(f"tensor {name!r}: unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(_natural(d) for d in shape):
-        raise HeaderError(f"tensor {name!r}: shape {shape!r} is not a list of non-negative ints")
+        raise HeaderError(f"tensor {name!r}: shape {_short(shape)} is not a list of non-negative ints")
+    if len(shape) > MAX_RANK or any(d > MAX_U64 for d in shape):
+        raise HeaderError(f"tensor {name!r}: shape {_short(shape)} has more than {MAX_RANK} dimensions "
+                          "or a dimension of 2^64 or more")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(_natural(o) for o in offsets):
-        raise HeaderError(f"tensor {name!r}: data_offsets {offsets!r} is not [begin, end]")
+        raise HeaderError(f"tensor {name!r}: data_offsets {_short(offsets)} is not [begin, end]")
+    if any(o > MAX_U64 for o in offsets):
+        raise HeaderError(f"tensor {name!r}: data_offsets {_short(offsets)} are 2^64 or more")
     span = TensorSpan(name, dtype, tuple(shape), offsets[0], offsets[1])
     if span.end < span.begin:
         raise HeaderError(f"tensor {name!r}: data_offsets end {span.end} is before begin {span.begin}")
-    bits = span.elements * DTYPE_BITS[dtype]
+    bits = DTYPE_BITS[dtype]
+    for d in shape:
+        bits *= d
+        if bits > MAX_U64 * 8:
+            raise HeaderError(f"tensor {name!r}: shape {_short(shape)} x {dtype} overflows 64 bits")
     if bits % 8 != 0 or bits // 8 != span.end - span.begin:
         raise HeaderError(f"tensor {name!r}: shape {list(shape)} x {dtype} is {bits / 8:g} bytes "
                           f"but its span [{span.begin}, {span.end}] holds {span.end - span.begin}")
     return span
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _check_coverage(tensors: Sequence[TensorSpan], data_len: int) -> None:
@@ -176,4 +227,5 @@ def _check_coverage(tensors: Sequence[TensorSpan], data_len: int) -> None:
                           f"({data_len - covered} bytes unaccounted for)")
 
 
-__all__ = ["DTYPE_BITS", "FLOAT_DTYPES", "HeaderError", "Layout", "TensorSpan", "parse", "parse_path"]
+__all__ = ["DTYPE_BITS", "FLOAT_DTYPES", "MAX_DEPTH", "HeaderError", "Layout", "TensorSpan", "measure",
+           "parse", "parse_path"]

@@ -24,7 +24,10 @@ fails names the reason:
 8. the box holds no checkpoint-like file outside custody ("unrecorded": in the checkpoint dir or
    outside every watched place) and no temporary one                           (unrecorded_checkpoint,
                                                                                partial_checkpoint)
-9. the pulled copy of each of those checkpoints is still in DIR with its size (local_copy_changed)
+9. the pulled copy of each of those checkpoints is still in DIR, a regular file, and still the
+   bytes that were verified: its stat is the one `rgt verify` pinned when it hashed it (size,
+   mtime_ns, inode, device: the report's "stat"), else (any change, or no pin) it is hashed again
+   and must match the verified sha256                                           (local_copy_changed)
 
 An action runs with the gate closed only when it is reversible and deletes nothing (`deletes` empty or
 "nothing": AutoDL's 关机 keeps the disks), because stopping the meter must stay possible while a pull
@@ -39,6 +42,7 @@ import dataclasses
 import datetime
 import json
 import os
+import stat
 import subprocess
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
@@ -51,6 +55,7 @@ from controller import install
 from controller.pullstage import MANIFEST_REL, VERIFIED_REL
 from controller.ssh import SshError
 from controller.store import Store
+from controller.verify_identity import hash_file, pin_of
 
 STALE_MONTHS = profiles.STALE_MONTHS
 COMMAND_TIMEOUT_S = 600
@@ -112,8 +117,10 @@ def _verified_files(run_id: str, where: Path) -> Tuple[Optional[Gate], Dict[str,
         return _closed("not_verified", f"not verified: {where / VERIFIED_REL} is not a "
                        f"rgt.pull_verified v1 report of {run_id}", where), {}, ""
     if report.get("ok") is not True:
-        return _closed("verify_failed", f"verify failed: {where / VERIFIED_REL} says ok={report.get('ok')!r} "
-                       f"(fix what `rgt verify {where}` reports, then run it again)", where), {}, ""
+        first = _first_failure(report)
+        said = f" ({first})" if first else ""
+        return _closed("verify_failed", f"verify failed: {where / VERIFIED_REL} says ok={report.get('ok')!r}"
+                       f"{said} (fix what `rgt verify {where}` reports, then run it again)", where), {}, ""
     try:
         manifest = json.loads((where / MANIFEST_REL).read_text(encoding="utf-8"))
         check_manifest(manifest)
@@ -128,6 +135,30 @@ def _verified_files(run_id: str, where: Path) -> Tuple[Optional[Gate], Dict[str,
              and isinstance(f.get("path"), str) and isinstance(f.get("sha256"), str)
              and f.get("identity", "ok") == "ok"}
     return None, files, str(manifest["sha256"])
+
+
+_NOT_FAILED = ("ok", "skipped", "identity only", "not loadable")
+
+
+def _first_failure(report: Dict[str, Any]) -> Optional[str]:
+    """The first failure a failing report names, cut short: a suspect the box's custody recorded,
+    a file's failed proof, else a failed proof's reason."""
+    for item in report.get("suspect") or []:
+        if isinstance(item, dict) and isinstance(item.get("path"), str):
+            return f"{item['path'][:200]}: the box's custody recorded it as suspect"
+    for f in report.get("files") or []:
+        if not isinstance(f, dict) or not isinstance(f.get("path"), str):
+            continue
+        for proof in ("identity", "load", "metric"):
+            value = f.get(proof)
+            if isinstance(value, str) and not value.startswith(_NOT_FAILED):
+                return f"{f['path'][:200]}: {proof}: {value[:200]}"
+    proofs = report.get("proofs")
+    for name, proof in (proofs.items() if isinstance(proofs, dict) else ()):
+        if isinstance(proof, dict) and proof.get("status") == "failed" \
+                and isinstance(proof.get("reason"), str):
+            return f"{name}: {proof['reason'][:200]}"
+    return None
 
 
 def _is_view(view: Any) -> bool:
@@ -170,6 +201,31 @@ def rotated_names(view: Dict[str, Any]) -> List[str]:
     return list(dict.fromkeys(_name(r) for r in _removed(view) if r.get("by") == "job"))
 
 
+def local_copy_problem(where: Path, path: str, verified: Dict[str, Any]) -> Optional[str]:
+    """Why the pulled copy of `path` is no longer what was verified; None when it still is. The
+    stat pinned at hashing time saves the hash; any difference from it means hashing again."""
+    full = where / path
+    try:
+        st = os.lstat(full)
+    except OSError:
+        return "it is gone"
+    if not stat.S_ISREG(st.st_mode) or os.path.realpath(full) != os.path.join(os.path.realpath(where), path):
+        return "it is no longer a regular file inside the pulled dir"
+    if st.st_size != verified.get("size"):
+        return f"its size is {st.st_size} bytes, {verified.get('size')} were verified"
+    pin = verified.get("stat")
+    if isinstance(pin, dict) and pin == pin_of(st):
+        return None
+    try:
+        _, sha = hash_file(full)
+    except OSError as e:
+        return f"it cannot be read again ({e.strerror or e})"
+    if sha != verified.get("sha256"):
+        return (f"its bytes changed since they were verified (sha256 now {sha[:12]}, verified "
+                f"{str(verified.get('sha256'))[:12]})")
+    return None
+
+
 def _coverage(view: Dict[str, Any], files: Dict[str, Dict[str, Any]], where: Path) -> List[Tuple[str, str]]:
     """Rules 6-9: (code, reason) for every checkpoint the pull does not cover."""
     found: List[Tuple[str, str]] = []
@@ -191,13 +247,10 @@ def _coverage(view: Dict[str, Any], files: Dict[str, Dict[str, Any]], where: Pat
             found.append(("changed_checkpoint", f"changed checkpoint {path} (its sha256 on the box is "
                           f"{ck['sha256'][:12]}, the pull verified {mine['sha256'][:12]})"))
         else:
-            try:
-                size = os.stat(where / path).st_size
-            except OSError:
-                size = None
-            if size != mine.get("size", ck.get("size")):
-                found.append(("local_copy_changed", f"the pulled copy of {path} in {where} is gone or "
-                              "changed since it was verified"))
+            problem = local_copy_problem(where, path, {"size": ck.get("size"), **mine})
+            if problem is not None:
+                found.append(("local_copy_changed", f"the pulled copy of {path} in {where} changed since it "
+                              f"was verified: {problem} (pull and verify it again)"))
     for r in removed:
         held = files.get(str(r["path"]), {}).get("sha256")
         if r.get("by") != "job" and not (isinstance(r.get("sha256"), str) and held == r["sha256"]):

@@ -15,14 +15,25 @@ Three named proofs, each one separate in the report:
    are checked for NaN/Inf by default (every checkpoint's with check_finite); a non-finite one
    fails unless allow_nonfinite, and is named in "nonfinite" either way.
 3. metric (controller.verify_metric), only with eval_cmd: the newest checkpoint's recomputed metric
-   matches what the run reported for its step.
+   matches what the run reported for its step. The eval runs on a view holding only the files of
+   that checkpoint that passed (`_eval_refusal`): one that failed, or was never proven safe to load
+   (a pickle of code, a file that did not load), is withheld and named in the result, never shown.
+
+A file inside a checkpoint unit that fails safe load fails the proof whatever the box calls it
+(`_strict`): an include there is loaded by an eval or a resume like the checkpoint itself. The
+box's custody log (the pulled rgt/manifest.jsonl) is read for its live suspect lines, saves the
+box itself judged bad: each fails identity ("suspect"), since the pull cannot hold that save as
+proven. Each file's "stat" pins the hash to the file it was taken of (verify_identity.pin_of), for
+the teardown gate.
 
 Files are grouped by checkpoint unit (controller.verify_units: "units", one row per checkpoint-N/
 or .ckpt). Checkpoints the job rotated away (the manifest's "removed", by "job") are gone on
 purpose: named in "rotated_away", never a failure; removed by anything else, they fail identity.
 
 The report is always written, passing or not, so a failed verification replaces an earlier pass
-and the teardown gate must read its "ok" and "manifest_sha256". Its shape is `Report.to_dict()`.
+and the teardown gate must read its "ok" and "manifest_sha256"; a proof whose checking raised
+fails with the error as its reason (an interrupt writes that failing report, then goes on). Its
+shape is `Report.to_dict()`.
 """
 from __future__ import annotations
 
@@ -36,11 +47,11 @@ import ssl
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import protocol
 
-from controller import verify_load, verify_metric, verify_units
+from controller import verify_load, verify_metric, verify_roles, verify_units
 from controller.verify_identity import (
     MANIFEST_REL,
     VERIFIED_REL,
@@ -79,6 +90,7 @@ class FileReport:
     unit: Optional[str] = None  # the checkpoint (checkpoint-N dir, .ckpt) it belongs to
     method: str = ""  # "weights" | "safe-load (allow-list: ...)" | "identity only (...)"
     nonfinite: Optional[int] = None  # NaN/Inf in its weights; None: not checked
+    stat: Optional[Dict[str, int]] = None  # verify_identity.pin_of the file that was hashed
 
     def failures(self) -> List[str]:
         """One line per proof this file failed: `path: proof: why`."""
@@ -107,6 +119,7 @@ class Report:
     rotated_away: List[str] = dataclasses.field(default_factory=list)  # by the job: gone on purpose
     removed_other: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
     nonfinite: List[str] = dataclasses.field(default_factory=list)  # files whose weights hold NaN/Inf
+    suspect: List[Dict[str, str]] = dataclasses.field(default_factory=list)  # the box's custody refused
 
     def failures(self) -> List[str]:
         """Every failure as one line: the proof-level ones, then `path: proof: why` per file."""
@@ -118,6 +131,8 @@ class Report:
         lines.extend(f"{x['path']}: identity: {x['reason']}" for x in extra)
         lines.extend(f"{r['path']}: identity: removed from the box by something other than the job's "
                      f"rotation ({r['reason'] or 'no reason given'}): suspect" for r in self.removed_other)
+        lines.extend(f"{s['path']}: identity: the box's custody recorded this checkpoint as suspect "
+                     f"({s['code']}: {s['reason']}), so no pull proves it" for s in self.suspect)
         return lines
 
     def to_dict(self) -> Dict[str, Any]:
@@ -126,7 +141,7 @@ class Report:
                 "verified_at": self.verified_at, "proofs": self.proofs,
                 "files": [dataclasses.asdict(f) for f in self.files], "tools": self.tools,
                 "elapsed_s": round(self.elapsed_s, 3), "units": self.units, "rotated_away": self.rotated_away,
-                "removed_other": self.removed_other, "nonfinite": self.nonfinite}
+                "removed_other": self.removed_other, "nonfinite": self.nonfinite, "suspect": self.suspect}
 
 
 def _tools(torch: Optional[str]) -> Dict[str, Optional[str]]:
@@ -165,7 +180,7 @@ def _identity_stage(run_dir: Path, manifest: Manifest, manifest_rel: Optional[st
     for e in manifest.entries:
         got = found.get(e.path, Identity(reason="not checked"))
         files.append(FileReport(path=e.path, kind=e.kind, step=e.step, size=got.size, sha256=got.sha256,
-                                identity=got.reason or "ok", unit=units.get(e.path)))
+                                identity=got.reason or "ok", unit=units.get(e.path), stat=got.pin))
     failed = sum(1 for f in files if f.identity != "ok")
     _, other = verify_units.rotation(manifest.removed)
     failed += len(other)
@@ -176,13 +191,35 @@ def _identity_stage(run_dir: Path, manifest: Manifest, manifest_rel: Optional[st
     return files, proof
 
 
+def _custody_suspects(run_dir: Path, files: List[FileReport], proof: Dict[str, Any]) -> List[Dict[str, str]]:
+    """The live suspect lines of the pulled custody log (only once its identity passed); each one
+    fails identity."""
+    log = next((f for f in files if f.path == verify_units.CUSTODY_REL and f.identity == "ok"), None)
+    if log is None:
+        return []
+    with open(Path(run_dir, *verify_units.CUSTODY_REL.split("/")), "rb") as fh:
+        raw = fh.read(verify_units.MAX_CUSTODY_BYTES)
+    found = verify_units.custody_suspects(raw)
+    if found:
+        proof.update(status="failed", ok=False, failed=proof["failed"] + len(found))
+    proof["suspect"] = found
+    return found
+
+
+def _strict(files: Sequence[FileReport]) -> Set[str]:
+    """Files that lie in a checkpoint (its unit, or under a unit directory), whatever their kind."""
+    dirs = {f.unit for f in files if f.unit and f.unit != f.path}
+    return {f.path for f in files if f.kind == "checkpoint" or f.unit is not None
+            or any(f.path.startswith(d.rstrip("/") + "/") for d in dirs)}
+
+
 def _load_stage(run_dir: Path, files: List[FileReport], opts: LoadOptions, workers: Optional[int],
                 progress: Optional[Progress], newest: Sequence[str], spawn: verify_load.Popen
                 ) -> Dict[str, Any]:
     todo = {f.path: Path(run_dir, *f.path.split("/")) for f in files if f.identity == "ok"}
     finite = {f.path for f in files if f.unit is not None and f.unit in newest}
     results = verify_load.prove_loads(todo, {f.path: f.kind for f in files}, opts, workers, progress,
-                                      finite=finite, popen=spawn)
+                                      finite=finite, popen=spawn, strict=_strict(files))
     notes = sorted({r.note for r in results.values() if r.note})
     for f in files:
         r = results.get(f.path, LoadResult("skipped", "skipped: identity failed"))
@@ -197,9 +234,26 @@ def _load_stage(run_dir: Path, files: List[FileReport], opts: LoadOptions, worke
                   timeout_s=opts.timeout_s)
 
 
+def _eval_refusal(f: FileReport) -> Optional[str]:
+    """Why a file is kept out of the eval's view; None when it may be given: it passed identity
+    and loaded safely, or it is hashed metadata of no loadable format (tokenizer files, text)."""
+    if f.identity != "ok":
+        return f"failed identity ({f.identity})"
+    if f.load == "ok":
+        return None
+    if f.load == verify_load.UNKNOWN and verify_roles.role_of(f.path, f.kind) == verify_roles.OTHER:
+        return None
+    if f.load.startswith("skipped"):
+        return f"never checked ({f.load})"
+    if f.load.startswith("identity only") or f.load == verify_load.UNKNOWN:
+        return f"not proven safe to load ({f.load})"
+    return f"failed safe load ({f.load})"
+
+
 def _metric_stage(run_dir: Path, files: List[FileReport], eval_cmd: str, metric: str, tolerance: float,
                   every: bool, timeout_s: float, progress: Optional[Progress]) -> Dict[str, Any]:
     by_path = {f.path: f for f in files}
+    units = {f.path: f.unit for f in files}
     ckpts = [(f.path, f.step) for f in files if f.kind == "checkpoint"]
     todo = verify_metric.targets(ckpts, every)
     for f in files:
@@ -217,15 +271,21 @@ def _metric_stage(run_dir: Path, files: List[FileReport], eval_cmd: str, metric:
             res = MetricResult(target.step, target.ckpt, False,
                                f"not evaluated: {unproved[0]} failed identity or safe load")
         else:
-            res = verify_metric.evaluate(run_dir, target, eval_cmd, metric, tolerance, reported, timeout_s)
+            paths = verify_metric.members(target, units)
+            refused = {p: why for p in paths for why in [_eval_refusal(by_path[p])] if why is not None}
+            pins = {p: by_path[p].stat for p in paths}
+            res = verify_metric.evaluate_in_view(run_dir, target, eval_cmd, metric, tolerance, reported,
+                                                 timeout_s, paths, refused, pins)
         results.append(res)
         for p in target.files:
             by_path[p].metric = "ok" if res.ok else res.reason
         if progress is not None:
             progress("metric", i + 1, len(todo))
     failed = sum(1 for r in results if not r.ok)
+    notes = [f"withheld from the eval of step {r.step}: {w['path']}: {w['reason']}"
+             for r in results for w in r.withheld]
     return _proof(failed, metric=metric, tolerance=tolerance, newest_only=not every,
-                  evaluated=[r.to_dict() for r in results])
+                  evaluated=[r.to_dict() for r in results], notes=notes)
 
 
 def write_report(run_dir: Path, report: Report) -> Path:
@@ -274,37 +334,64 @@ def verify(run_dir: Path, manifest_path: Optional[Path] = None, *, eval_cmd: Opt
     manifest_path = Path(manifest_path) if manifest_path else Path(run_dir, *MANIFEST_REL.split("/"))
     report = Report(ok=False, run_id=None, manifest_sha256=None, manifest_path=str(manifest_path),
                     verified_at=_iso(clock()), proofs={}, files=[], tools=_tools(verify_load.torch_version()))
+    stage = ["identity"]  # the proof being checked, for a failure raised while checking it
+    interrupted: Optional[BaseException] = None
     try:
-        manifest = load_manifest(manifest_path)
-    except ManifestError as e:
-        report.manifest_sha256 = stated_sha256(manifest_path)
-        report.proofs = {"identity": _proof(1, str(e), extra=[]),
-                         "safe_load": _skipped("the manifest failed"),
-                         "metric": _skipped("the manifest failed")}
-    else:
-        report.run_id, report.manifest_sha256 = manifest.run_id, manifest.sha256
-        files, identity = _identity_stage(run_dir, manifest, _relative_manifest(run_dir, manifest_path),
-                                          workers, progress)
-        opts = LoadOptions(trust_pickle, check_finite, load_timeout_s, load_memory_bytes, allow_nonfinite)
-        report.files = files
-        steps = verify_units.unit_steps(manifest.entries, {f.path: f.unit for f in files})
-        newest = verify_units.newest_units(steps)
-        report.rotated_away, other = verify_units.rotation(manifest.removed)
-        report.removed_other = [{"path": r.path, "sha256": r.sha256, "by": r.by, "reason": r.reason,
-                                 "ts": r.ts} for r in other]
-        report.proofs = {"identity": identity,
-                         "safe_load": _load_stage(run_dir, files, opts, workers, progress, newest, spawn)}
-        report.units = verify_units.summarize(files, steps, newest)
-        report.nonfinite = [f.path for f in files if f.nonfinite]
-        report.proofs["metric"] = (
-            _skipped("no eval command") if eval_cmd is None else
-            _metric_stage(run_dir, files, eval_cmd, eval_metric or DEFAULT_METRIC, tolerance,
-                          eval_all, eval_timeout_s, progress))
+        try:
+            manifest = load_manifest(manifest_path)
+        except ManifestError as e:
+            report.manifest_sha256 = stated_sha256(manifest_path)
+            report.proofs = {"identity": _proof(1, str(e), extra=[]),
+                             "safe_load": _skipped("the manifest failed"),
+                             "metric": _skipped("the manifest failed")}
+        else:
+            opts = LoadOptions(trust_pickle, check_finite, load_timeout_s, load_memory_bytes, allow_nonfinite)
+            _prove(report, run_dir, manifest, manifest_path, opts, stage, workers, progress, spawn,
+                   (eval_cmd, eval_metric or DEFAULT_METRIC, tolerance, eval_all, eval_timeout_s))
+    except BaseException as e:  # whatever checking raised, the report says so and fails
+        report.proofs[stage[0]] = _proof(1, f"checking raised {type(e).__name__}: {str(e)[:300]}"
+                                         " (verification did not finish)")
+        for name in PROOFS:
+            report.proofs.setdefault(name, _skipped(f"{stage[0]} did not finish"))
+        if not isinstance(e, Exception):
+            interrupted = e
     report.ok = all(report.proofs[name]["status"] != "failed" for name in PROOFS)
     report.elapsed_s = time.monotonic() - started
     if write:
-        report.path = write_report(run_dir, report)
+        try:
+            report.path = write_report(run_dir, report)
+        except OSError:
+            if interrupted is None:
+                raise
+    if interrupted is not None:
+        raise interrupted
     return report
+
+
+def _prove(report: Report, run_dir: Path, manifest: Manifest, manifest_path: Path, opts: LoadOptions,
+           stage: List[str], workers: Optional[int], progress: Optional[Progress], spawn: verify_load.Popen,
+           evaluation: Tuple[Optional[str], str, float, bool, float]) -> None:
+    """Fill the report's proofs in order; `stage[0]` names the one being checked."""
+    report.run_id, report.manifest_sha256 = manifest.run_id, manifest.sha256
+    files, identity = _identity_stage(run_dir, manifest, _relative_manifest(run_dir, manifest_path),
+                                      workers, progress)
+    report.files = files
+    report.proofs["identity"] = identity
+    report.suspect = _custody_suspects(run_dir, files, identity)
+    steps = verify_units.unit_steps(manifest.entries, {f.path: f.unit for f in files})
+    newest = verify_units.newest_units(steps)
+    report.rotated_away, other = verify_units.rotation(manifest.removed)
+    report.removed_other = [{"path": r.path, "sha256": r.sha256, "by": r.by, "reason": r.reason,
+                             "ts": r.ts} for r in other]
+    stage[0] = "safe_load"
+    report.proofs["safe_load"] = _load_stage(run_dir, files, opts, workers, progress, newest, spawn)
+    report.units = verify_units.summarize(files, steps, newest)
+    report.nonfinite = [f.path for f in files if f.nonfinite]
+    stage[0] = "metric"
+    eval_cmd, metric, tolerance, every, timeout_s = evaluation
+    report.proofs["metric"] = (
+        _skipped("no eval command") if eval_cmd is None else
+        _metric_stage(run_dir, files, eval_cmd, metric, tolerance, every, timeout_s, progress))
 
 
 __all__ = ["PROOFS", "FileReport", "Report", "VerifyError", "hash_files", "verify", "write_report"]

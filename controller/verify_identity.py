@@ -12,6 +12,9 @@ written through. rsync leftovers (a `.name.XXXXXX` temp file of a listed file, a
 still running, so the directory is not a finished pull.
 
 Hashing runs one file per thread (hashlib and readinto release the GIL), largest files first.
+Each file's stat (`pin_of`: size, mtime_ns, inode, device) is taken before and after it is hashed:
+one that changed meanwhile fails ("changed while hashing"), and the pin goes into the report, so
+the teardown gate can tell a local copy that is still what was hashed from one it must hash again.
 """
 from __future__ import annotations
 
@@ -349,6 +352,13 @@ class Identity:
     size: Optional[int] = None
     sha256: Optional[str] = None
     reason: Optional[str] = None  # None: size and hash match the manifest
+    pin: Optional[Dict[str, int]] = None  # pin_of() of the file the hash was taken of
+
+
+def pin_of(st: os.stat_result) -> Dict[str, int]:
+    """What ties a hash to the file it was taken of: any write changes size or mtime_ns, any
+    replacement the inode or device (the teardown gate hashes a file again on any change)."""
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "dev": st.st_dev}
 
 
 def _size_reason(local: int, listed: int) -> str:
@@ -372,6 +382,7 @@ def prove_identity(run_dir: Path, manifest: Manifest, manifest_rel: Optional[str
     real_root = os.path.realpath(run_dir)
     results: Dict[str, Identity] = {}
     to_hash: Dict[Path, Entry] = {}
+    before: Dict[Path, Dict[str, int]] = {}
     for e in manifest.entries:
         full = Path(run_dir, *e.path.split("/"))
         try:
@@ -387,17 +398,25 @@ def prove_identity(run_dir: Path, manifest: Manifest, manifest_rel: Optional[str
             results[e.path] = Identity(size=st.st_size, reason=_size_reason(st.st_size, e.size))
         else:
             to_hash[full] = e
+            before[full] = pin_of(st)
     for full, got in hash_many(to_hash, workers, progress).items():
         e = to_hash[full]
         if isinstance(got, OSError):
             results[e.path] = Identity(reason=f"unreadable: {got.strerror or got}")
             continue
         size, sha = got
+        try:
+            after: Optional[Dict[str, int]] = pin_of(os.lstat(full))
+        except OSError:
+            after = None
         if size != e.size:
             reason: Optional[str] = f"changed while hashing: {_size_reason(size, e.size)}"
+        elif after != before[full]:
+            reason = "changed while hashing: its size, mtime or inode moved (is something writing to it?)"
         elif sha != e.sha256:
             reason = f"sha256 differs: local {sha[:16]}..., manifest {e.sha256[:16]}..."
         else:
             reason = None
-        results[e.path] = Identity(size=size, sha256=sha, reason=reason)
+        results[e.path] = Identity(size=size, sha256=sha, reason=reason,
+                                   pin=after if reason is None else None)
     return results, extras

@@ -17,6 +17,10 @@ Each file's role (controller.verify_roles, from its name) decides how:
 
 A weights file that loads but holds no tensors fails ("holds no tensors"); one with NaN/Inf (where
 it was checked) fails unless allow_nonfinite, and its count stays in the detail either way.
+
+An include (a file the manifest does not call a checkpoint) that does not load safely is only
+"identity only", unless it lies in a checkpoint (`strict`: inside a checkpoint unit, whatever the
+box calls it): there it fails like a checkpoint file, since an eval or a resume would load it.
 """
 from __future__ import annotations
 
@@ -342,9 +346,11 @@ def _plan_one(rel: str, path: Path, kind: str, opts: LoadOptions, finite: bool
 
 def prove_loads(files: Dict[str, Path], kinds: Dict[str, str], opts: LoadOptions,
                 workers: Optional[int] = None, progress: Optional[Progress] = None,
-                finite: Optional[Set[str]] = None, popen: Popen = subprocess.Popen) -> Dict[str, LoadResult]:
+                finite: Optional[Set[str]] = None, popen: Popen = subprocess.Popen,
+                strict: Optional[Set[str]] = None) -> Dict[str, LoadResult]:
     """{relative path: LoadResult} for files (relative path -> absolute path). `finite`: the files
     whose weights are checked for NaN/Inf (default: every one with opts.check_finite, else none).
+    `strict`: includes that lie in a checkpoint, whose failure is never softened to identity only.
     Every file that needs torch goes to one seam child (`workers` is unused: kept for callers)."""
     out: Dict[str, LoadResult] = {}
     jobs: List[_Job] = []
@@ -366,7 +372,7 @@ def prove_loads(files: Dict[str, Path], kinds: Dict[str, str], opts: LoadOptions
         result.note = (note if job.fmt == "torch" else None) or result.note
         out[rel] = result
     for rel, res in out.items():
-        if kinds[rel] != "checkpoint" and res.status == "failed" and \
+        if kinds[rel] != "checkpoint" and res.status == "failed" and rel not in (strict or ()) and \
                 verify_roles.role_of(rel, kinds[rel]) not in (COMPANION, CODE_PICKLE):
             out[rel] = LoadResult("unknown", "identity only (an include that does not load safely: "
                                   f"{res.reason})", res.detail, res.note, method="identity only")

@@ -5,7 +5,12 @@ number it prints with the number the run reported for that checkpoint's step.
   step with `every=True`. Several checkpoint files at one step (model.safetensors + optimizer.pt)
   are one checkpoint: {ckpt} is then their common parent directory.
 - Only checkpoints whose files all passed identity and safe load are evaluated: an eval script
-  may load with plain torch.load, so it never sees a file we have not proved safe.
+  may load with plain torch.load, so it never sees a file we have not proved safe. It is not run
+  on the pulled directory but on a view of it (`build_view`): a fresh directory beside the run
+  (else in the temp dir) holding, at their run-relative paths, hard links to (copies of, where a
+  link fails) exactly the files under {ckpt} and its checkpoint unit that passed (`members`; the
+  caller decides which passed: safe-loaded, or hashed metadata of no loadable format). Every file
+  kept out is named with its reason in the result's "withheld"; the view is removed afterwards.
 - The command is never run through a shell: the template is split with shlex, then every
   `{ckpt}` inside an argument is replaced by the checkpoint's absolute path, so the path is one
   argument whatever characters it holds. A template without {ckpt} is a usage error.
@@ -20,12 +25,15 @@ import dataclasses
 import math
 import os
 import shlex
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from controller.jsonl import objects
 from controller.output import last_json_object
+from controller.verify_identity import pin_of
 
 DEFAULT_METRIC = "loss"
 DEFAULT_TOLERANCE = 1e-4  # relative: same weights, same data, other hardware or kernels
@@ -113,9 +121,83 @@ class MetricResult:
     recomputed: Optional[float] = None
     reported: Optional[float] = None
     reported_step: Optional[int] = None
+    given: List[str] = dataclasses.field(default_factory=list)  # what the eval's view held
+    withheld: List[Dict[str, str]] = dataclasses.field(default_factory=list)  # {"path", "reason"}
+    view: Optional[str] = None  # "hard links" | "copies" | "hard links and copies"
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def members(target: Target, units: Mapping[str, Optional[str]]) -> List[str]:
+    """The manifest files an eval of `target` could reach: those under its {ckpt} and under the
+    checkpoint units of its files (an HF eval handed model.safetensors opens its directory)."""
+    tops = {target.ckpt} | {u for u in (units.get(p) for p in target.files) if u}
+    if "." in tops:
+        return sorted(units)
+    return sorted(p for p in units if any(p == t or p.startswith(t.rstrip("/") + "/") for t in tops))
+
+
+@dataclasses.dataclass
+class View:
+    root: Path
+    given: List[str]
+    withheld: List[Dict[str, str]]
+    how: str
+
+
+def _place(src: Path, dst: Path) -> str:
+    """Hard-link src at dst, else copy it; how it was placed."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst, follow_symlinks=False)
+        return "hard links"
+    except OSError:
+        shutil.copyfile(src, dst, follow_symlinks=False)
+        return "copies"
+
+
+def _pin(path: Path) -> Optional[Dict[str, int]]:
+    try:
+        return pin_of(os.lstat(path))
+    except OSError:
+        return None
+
+
+def build_view(run_dir: Path, paths: Sequence[str], refused: Mapping[str, str],
+               pins: Mapping[str, Optional[Dict[str, int]]]) -> View:
+    """A fresh directory with every path of `paths` not in `refused` (path -> why) placed at its
+    run-relative path, each only while it is still the file that was hashed (`pins`)."""
+    try:
+        root = Path(tempfile.mkdtemp(prefix=".rgt-eval-", dir=Path(run_dir).parent))
+    except OSError:
+        root = Path(tempfile.mkdtemp(prefix="rgt-eval-"))
+    view = View(root, [], [{"path": p, "reason": refused[p]} for p in paths if p in refused], "")
+    hows = set()
+    try:
+        for rel in (p for p in paths if p not in refused):
+            src, dst = Path(run_dir, *rel.split("/")), Path(root, *rel.split("/"))
+            pin = pins.get(rel)
+            why = None
+            if pin is None or _pin(src) != pin:
+                why = "changed since it was hashed (or never pinned)"
+            else:
+                try:
+                    hows.add(_place(src, dst))
+                except OSError as e:
+                    why = f"could not be linked or copied: {e.strerror or e}"
+                if why is None and _pin(src) != pin:
+                    dst.unlink()
+                    why = "changed while it was being copied"
+            if why is None:
+                view.given.append(rel)
+            else:
+                view.withheld.append({"path": rel, "reason": why})
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    view.how = " and ".join(sorted(hows)) or "nothing"
+    return view
 
 
 def _tail(text: str) -> str:
@@ -123,9 +205,32 @@ def _tail(text: str) -> str:
     return lines[-1][:200] if lines else "no output"
 
 
+def evaluate_in_view(run_dir: Path, target: Target, template: str, metric: str, tolerance: float,
+                     reported: Optional[Dict[int, float]], timeout_s: float, paths: Sequence[str],
+                     refused: Mapping[str, str], pins: Mapping[str, Optional[Dict[str, int]]]
+                     ) -> MetricResult:
+    """Build the view of `paths` (see build_view), evaluate the target in it, remove it."""
+    try:
+        view = build_view(run_dir, paths, refused, pins)
+    except OSError as e:
+        return MetricResult(target.step, target.ckpt, False, f"not evaluated: no view for the eval: {e}")
+    try:
+        lost = [w for w in view.withheld if w["path"] in target.files]
+        if lost:
+            res = MetricResult(target.step, target.ckpt, False,
+                               f"not evaluated: {lost[0]['path']} {lost[0]['reason']}")
+        else:
+            res = evaluate(view.root, target, template, metric, tolerance, reported, timeout_s)
+    finally:
+        shutil.rmtree(view.root, ignore_errors=True)
+    res.given, res.withheld, res.view = view.given, view.withheld, view.how
+    return res
+
+
 def evaluate(run_dir: Path, target: Target, template: str, metric: str, tolerance: float,
              reported: Optional[Dict[int, float]], timeout_s: float) -> MetricResult:
-    """Run the eval on one target and compare; never raises for a failing eval."""
+    """Run the eval on one target under `run_dir` (the view) and compare; never raises for a
+    failing eval."""
     res = MetricResult(step=target.step, ckpt=target.ckpt, ok=False)
     argv = build_argv(template, Path(run_dir).resolve() / target.ckpt)
     try:

@@ -8,9 +8,14 @@ sharded dir) are proven and reported together, and the box's rotation is named, 
   known anywhere every unit is.
 - The manifest's "removed" entries by "job" are checkpoints the job rotated away (save_total_limit,
   save_top_k): gone on purpose, named in the report. By "other" they stay a failure.
+- The box's custody log (the pulled rgt/manifest.jsonl, once its identity passed) may hold suspect
+  lines: saves the box itself judged bad or could not judge (`custody_suspects`). A live one (no
+  record of its path written at or after it) is a failure: the pull lacks a checkpoint the box
+  refused, or holds one it refused.
 """
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
@@ -18,6 +23,35 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 from controller.verify_identity import Entry, Removed
 
 _SAVE_DIR = re.compile(r"^(checkpoint|ckpt|global_step|step|epoch)[-_=]?\d+", re.IGNORECASE)
+CUSTODY_REL = "rgt/manifest.jsonl"
+MAX_CUSTODY_BYTES = 64 << 20
+
+
+def _ts(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def custody_suspects(raw: bytes) -> List[Dict[str, str]]:
+    """The live suspect lines of a custody log ({"path", "code", "reason"}, box text cut short):
+    the newest per path that no record of that path, written at or after it, covers."""
+    recorded: Dict[str, float] = {}
+    latest: Dict[str, Tuple[float, Dict[str, str]]] = {}
+    for line in raw.splitlines():
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):  # a torn or hostile line proves nothing either way
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("path"), str):
+            continue
+        ts, path = _ts(obj.get("ts")), obj["path"]
+        if ts is None:
+            continue
+        if "op" not in obj:
+            recorded[path] = max(ts, recorded.get(path, ts))
+        elif obj["op"] == "suspect":
+            latest[path] = (ts, {"path": path[:300], "code": str(obj.get("code") or "suspect")[:60],
+                                 "reason": str(obj.get("reason") or "no reason given")[:300]})
+    return [item for path, (ts, item) in sorted(latest.items()) if recorded.get(path, float("-inf")) < ts]
 
 
 def units_of(entries: Sequence[Entry]) -> Dict[str, Optional[str]]:
@@ -128,4 +162,5 @@ def line(row: Dict[str, Any]) -> str:
     return text + ("" if row["ok"] else ", FAILED")
 
 
-__all__ = ["line", "newest_units", "removed_name", "rotation", "shown", "summarize", "unit_steps", "units_of"]
+__all__ = ["CUSTODY_REL", "custody_suspects", "line", "newest_units", "removed_name", "rotation", "shown",
+           "summarize", "unit_steps", "units_of"]

@@ -3,7 +3,10 @@ ever unpickled here.
 
 A check reads what locates the tensors (and, for safetensors, a sample of their raw bytes):
 
-- safetensors: the 8-byte little-endian header length, the JSON header, every dtype known, every
+- safetensors: the 8-byte little-endian header length, the JSON header (measured before it is
+  parsed: nesting deeper than MAX_DEPTH, more than MAX_CONTAINERS arrays/objects or MAX_ITEMS values
+  is "bad", never a RecursionError or a MemoryError), every dtype known, every shape at most
+  MAX_RANK dims below 2^64 whose byte size fits 64 bits, every
   tensor's byte span equal to prod(shape) x dtype size, spans contiguous (no overlap, no hole) and
   covering the data section exactly (what the safetensors loader itself demands); then the head of
   each float tensor is sampled for NaN/Inf (`onbox.ckptfinite`: raw bytes, nothing decoded).
@@ -15,10 +18,12 @@ A check reads what locates the tensors (and, for safetensors, a sample of their 
 The format comes from the bytes first and the name second: a `.safetensors` or `.pt` name that holds
 something else is "bad"; an unrecognized name with unrecognized bytes (config.json, a tokenizer) is
 "other", unchecked. The controller's pull verification does the real (weights_only) load.
+`check_file` never raises for what a file holds: anything a check raises is "bad" with its reason.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -42,6 +47,14 @@ OTHER = "other"
 
 TORCH_SUFFIXES = frozenset({".pt", ".pth", ".ckpt"})
 MAX_HEADER_BYTES = 100_000_000  # the safetensors loader's own cap
+MAX_DEPTH = 64                  # nesting of arrays/objects: a real header needs 3
+MAX_CONTAINERS = 3_000_000      # arrays + objects: ~3 per tensor
+MAX_ITEMS = 8_000_000           # values: bounds what json builds in memory
+MAX_RANK = 64
+MAX_U64 = (1 << 64) - 1         # the loader's usize
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 # Bits per element of every dtype safetensors 0.8 knows (sub-byte dtypes pack).
 DTYPE_BITS: Dict[str, int] = {
@@ -96,6 +109,8 @@ def _run(fmt: str, fn: Any) -> CheckResult:
         result: CheckResult = fn()
     except _Bad as e:
         return CheckResult(fmt, BAD, f"{fmt}: {e}")
+    except Exception as e:  # a check that raised is a verdict too: never a checkpoint left out
+        return CheckResult(fmt, BAD, f"{fmt}: checking it raised {type(e).__name__}: {str(e)[:200]}")
     return result
 
 
@@ -138,9 +153,14 @@ def _check_safetensors(f: IO[bytes], size: int) -> CheckResult:
         raise _Bad(f"header length {n} runs past the end of the file ({size} bytes): truncated")
     raw = f.read(n)
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except ValueError as e:
-        raise _Bad(f"header is not JSON: {e}") from e
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _Bad(f"header is not UTF-8 (byte {e.start})") from e
+    measure(text)
+    try:
+        header = json.loads(text)
+    except (ValueError, RecursionError, MemoryError) as e:  # ValueError: also a 4300-digit int
+        raise _Bad(f"header is not JSON: {type(e).__name__}: {str(e)[:200]}") from e
     if not isinstance(header, dict):
         raise _Bad("header is not a JSON object")
     metadata = _metadata(header.pop("__metadata__", None))
@@ -148,6 +168,27 @@ def _check_safetensors(f: IO[bytes], size: int) -> CheckResult:
     _check_spans(spans, size - 8 - n)
     nonfinite, _ = ckptfinite.sample_nonfinite(f, 8 + n, header)
     return CheckResult(SAFETENSORS, OK, metadata=metadata, tensors=len(spans), nonfinite=tuple(nonfinite))
+
+
+def measure(text: str) -> None:
+    """Refuse (as bad) a header too deep or too large to parse safely, before json sees it:
+    strings blanked out, brackets counted and their running depth taken (regexes, C speed)."""
+    skeleton = _STRING.sub("0", text)
+    brackets = _NOT_BRACKET.sub("", skeleton)
+    containers = brackets.count("[") + brackets.count("{")
+    if containers > MAX_CONTAINERS:
+        raise _Bad(f"header holds {containers} arrays/objects (over {MAX_CONTAINERS}): refused unparsed")
+    items = skeleton.count(",") + containers
+    if items > MAX_ITEMS:
+        raise _Bad(f"header holds about {items} values (over {MAX_ITEMS}): refused unparsed")
+    depth = max(itertools.accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
+    if depth > MAX_DEPTH:
+        raise _Bad(f"header nests {depth} levels deep (over {MAX_DEPTH}): refused unparsed")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _metadata(meta: Any) -> Dict[str, str]:
@@ -162,18 +203,24 @@ def _span(key: str, info: Any) -> Tuple[int, int, str]:
     if not isinstance(info, dict):
         raise _Bad(f"tensor {key!r}: entry is not an object")
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if dtype not in DTYPE_BITS:
-        raise _Bad(f"tensor {key!r}: unknown dtype {dtype!r}")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        raise _Bad(f"tensor {key!r}: unknown dtype {_short(dtype)}")
     if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
-        raise _Bad(f"tensor {key!r}: bad shape {shape!r}")
+        raise _Bad(f"tensor {key!r}: bad shape {_short(shape)}")
+    if len(shape) > MAX_RANK or any(d > MAX_U64 for d in shape):
+        raise _Bad(f"tensor {key!r}: shape {_short(shape)} has over {MAX_RANK} dims or a dim of 2^64 or more")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_uint(o) for o in offsets)):
-        raise _Bad(f"tensor {key!r}: bad data_offsets {offsets!r}")
+        raise _Bad(f"tensor {key!r}: bad data_offsets {_short(offsets)}")
     begin, end = offsets
+    if end > MAX_U64:
+        raise _Bad(f"tensor {key!r}: data_offsets {_short(offsets)} reach 2^64 or more")
     if end < begin:
         raise _Bad(f"tensor {key!r}: data_offsets end {end} before begin {begin}")
     bits = DTYPE_BITS[str(dtype)]
     for d in shape:
         bits *= d
+        if bits > MAX_U64 * 8:
+            raise _Bad(f"tensor {key!r}: shape {_short(shape)} x {dtype} overflows 64 bits")
     if bits % 8 or bits // 8 != end - begin:
         raise _Bad(f"tensor {key!r}: shape {shape} x {dtype} needs {bits / 8:g} bytes, "
                    f"its span holds {end - begin}")

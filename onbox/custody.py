@@ -20,7 +20,10 @@ no file left open (HF rotates old saves right after that file, so waiting long l
 fast run), when it stayed quiet
 for `unit_settle_s` (no known last file), or at once when a `checkpoint` hint names it. Under the
 polling observer (no close events) quiet is enough. A unit is hashed file by file, recorded once
-and judged once: one `ckpt.saved` or one `ckpt.suspect` per save. Writes into a unit already
+and judged once: one `ckpt.saved` or one `ckpt.suspect` per save; a save judged bad (or whose
+judging raised) is never left out: it also gets a suspect line in the manifest, which fails the
+run's verdict (`verdict_reasons`) and the pull's verification, and which a restart reads back so it
+is not judged again. Writes into a unit already
 recorded give one `written_in_place` suspect, then one new record once it settles.
 
 Removal: a recorded unit that disappears as a whole while the job is alive (its pid, else no
@@ -126,6 +129,10 @@ class CustodyMonitor(CustodyCore):
                 self._dir_units.add(unit)
             if self._last is None or record.ts >= self._last.ts:
                 self._last = record
+        for item in manifest.live_suspects(self.run_dir):
+            sig = item.signature()
+            if sig is not None:
+                self._suspected[os.path.abspath(self.run_dir / item.path)] = sig
         for path, how in ckptunits.read_places(self.run_dir).items():
             if os.path.isdir(path) and self._owner(path) is None:
                 self._add_watch(Path(path), how, every_file=False)

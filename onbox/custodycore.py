@@ -1,6 +1,12 @@
 """The state of one run's checkpoint custody and its worker thread ("rgt-custody"): hashing,
 checking and recording committed units, removal lines, durable copies. `onbox.custody` is the
 change side (observers, settling, places, sweeps) built on it; read its module doc first.
+
+A committed unit is never left out because judging it went wrong: one that fails its structural
+check ("bad_structure") or whose hashing or check raised ("check_failed") gets a suspect line in
+rgt/manifest.jsonl (`manifest.Suspect`) besides its `ckpt.suspect` event, and while that line is
+live `verdict_reasons()` names it, so the run's verdict fails and the pull's verification fails on
+it (the controller reads the pulled rgt/manifest.jsonl).
 """
 from __future__ import annotations
 
@@ -92,6 +98,15 @@ class DirHash:
     stopped: bool = False
 
 
+def safe_check(f: Any, size: int, name: str) -> ckptcheck.CheckResult:
+    """`ckptcheck.check_file`, and "bad" with the reason when checking raised anyway."""
+    try:
+        return ckptcheck.check_file(f, size, name)
+    except Exception as e:  # a verdict, never a unit left out
+        return ckptcheck.CheckResult("unknown", ckptcheck.BAD,
+                                     f"checking it raised {type(e).__name__}: {str(e)[:200]}")
+
+
 def hash_dir(unit: Path, pace: RateLimit, progress: Callable[[int], None]) -> DirHash:
     """Hash and check every file of a directory unit; `changed` when its listing or any file's key
     differs at the end from the start (the caller settles it and tries again)."""
@@ -106,7 +121,7 @@ def hash_dir(unit: Path, pace: RateLimit, progress: Callable[[int], None]) -> Di
                 digest = sha256_stream(f, pace, _offset(progress, total))
                 if digest is None:
                     return DirHash(done, stopped=True)
-                check = ckptcheck.check_file(f, key[0], Path(rel).name)
+                check = safe_check(f, key[0], Path(rel).name)
                 if stat_key(os.fstat(f.fileno())) != key:
                     return DirHash(done, changed=True)
         except FileNotFoundError:
@@ -291,6 +306,8 @@ class CustodyCore:
             except Exception as e:  # a work-item boundary: log, report once per streak, go on
                 log.exception("custody of %s failed", unit)
                 self.counts["errors"] += 1
+                if unit and record is None:  # judging a committed unit raised: it stays in, as suspect
+                    self._suspect_failed(unit, item[1], e)
                 if not self._degraded:
                     self._degraded = True
                     self._emit("sidecar.degraded", {"part": "custody", "path": unit,
@@ -307,6 +324,57 @@ class CustodyCore:
             self.counts["suspect"] += 1
         self._emit("ckpt.suspect", {"path": self._rec_path(unit), "code": code, "reason": reason, **extra},
                    "warn")
+
+    def _suspect_unit(self, unit: str, kind: str, code: str, reason: str, sig: Any,
+                      digest: Optional[str] = None, unit_files: Tuple[manifest.UnitFile, ...] = (),
+                      **extra: Any) -> None:
+        """A committed unit judged bad: its suspect line in the manifest, then its ckpt.suspect."""
+        size = mtime = inode = None
+        if kind == FILE and sig is not None:
+            size, mtime, inode = sig
+        elif kind == DIR:
+            size = sum(f.size for f in unit_files) if unit_files else None
+        path = self._rec_path(unit)
+        line = manifest.Suspect(path=path, code=code, reason=reason, ts=self._clock(), kind=kind, size=size,
+                                sha256=digest, mtime_ns=mtime, inode=inode, files=unit_files,
+                                root=self._owner_root(unit) if os.path.isabs(path) else None)
+        recorded = True
+        try:
+            manifest.append_suspect(self.run_dir, line)
+        except OSError as e:  # a full disk: the event still names it, the gate's view still sees the file
+            log.error("cannot record suspect %s: %s", unit, e)
+            recorded = False
+        self.counts["suspect_recorded"] += int(recorded)
+        self._suspect(unit, code, reason, sig, recorded=recorded, **extra)
+
+    def _suspect_failed(self, unit: str, kind: str, error: BaseException) -> None:
+        """Hashing or checking a committed unit raised: record it as suspect with the error."""
+        try:
+            sig = self._sig(unit, kind)
+            if sig is None or self._recorded(unit, sig):
+                return  # gone meanwhile (its removal is judged on its own), or recorded before it raised
+            files: Tuple[manifest.UnitFile, ...] = ()
+            if kind == DIR:
+                files = tuple(manifest.UnitFile(rel, k[0], "", k[1], k[2]) for rel, k in sig)
+            self._suspect_unit(unit, kind, "check_failed",
+                               f"checking it raised {type(error).__name__}: {str(error)[:300]}", sig,
+                               unit_files=files)
+        except Exception:  # the boundary's own fallback: logged, the degraded event still goes out
+            log.exception("cannot record %s as suspect", unit)
+
+    def _owner_root(self, unit: str) -> Optional[str]:
+        best: Optional[str] = None
+        for root in self._places:
+            if unit.startswith(root.rstrip("/") + "/") and (best is None or len(root) > len(best)):
+                best = root
+        return best
+
+    def verdict_reasons(self) -> List[str]:
+        """Why the run cannot pass on custody's account: every live suspect line, one reason each."""
+        out = []
+        for item in manifest.live_suspects(self.run_dir):
+            out.append(f"checkpoint {item.path} is suspect ({item.code}: {item.reason[:200]}) (ckpt.suspect)")
+        return out
 
     def _repend(self, unit: str, via: str, kind: str, root: str, size: Optional[int]) -> None:
         """Changed while being hashed: one suspect until it is recorded, then settle it again."""
@@ -332,7 +400,7 @@ class CustodyCore:
             with open(unit, "rb") as f:
                 opened = stat_key(os.fstat(f.fileno()))
                 digest = sha256_stream(f, self._bucket, self._progress) if opened == key0 else None
-                check = ckptcheck.check_file(f, key0[0], os.path.basename(unit)) if digest else None
+                check = safe_check(f, key0[0], os.path.basename(unit)) if digest else None
                 after_fd = stat_key(os.fstat(f.fileno()))
         except FileNotFoundError:
             return
@@ -344,8 +412,8 @@ class CustodyCore:
                 self._repend(unit, via, FILE, root, key1[0])
             return
         if check.status == ckptcheck.BAD:
-            self._suspect(unit, "bad_structure", check.reason or "bad structure", key0,
-                          format=check.format, size=key0[0], sha256=digest)
+            self._suspect_unit(unit, FILE, "bad_structure", check.reason or "bad structure", key0, digest,
+                               format=check.format, size=key0[0], sha256=digest)
             return
         step = ckptcheck.step_of(os.path.relpath(unit, root), check.metadata)
         record = manifest.Record(path=self._rec_path(unit), size=key0[0], sha256=digest, mtime_ns=key0[1],
@@ -371,8 +439,11 @@ class CustodyCore:
         bad += [(f.path, "zero bytes") for f in result.files
                 if f.key[0] == 0 and ckptunits.is_weight_name(f.path)]
         if bad:
-            self._suspect(unit, "bad_structure", "; ".join(f"{p}: {r}" for p, r in bad[:5]), sig0,
-                          files=len(result.files), bad=[p for p, _ in bad[:20]])
+            hashed = tuple(manifest.UnitFile(f.path, f.key[0], f.sha256, f.key[1], f.key[2])
+                           for f in result.files)
+            self._suspect_unit(unit, DIR, "bad_structure", "; ".join(f"{p}: {r}" for p, r in bad[:5]), sig0,
+                               manifest.unit_digest((f.path, f.size, f.sha256) for f in hashed), hashed,
+                               files=len(result.files), bad=[p for p, _ in bad[:20]])
             return
         files = tuple(manifest.UnitFile(f.path, f.key[0], f.sha256, f.key[1], f.key[2]) for f in result.files)
         try:
@@ -481,4 +552,4 @@ class CustodyCore:
 
 
 
-__all__ = ["CustodyConfig", "CustodyCore", "Pending", "Place"]
+__all__ = ["CustodyConfig", "CustodyCore", "Pending", "Place", "safe_check"]

@@ -29,6 +29,17 @@ Removals are lines of their own, never a rewrite:
 `by` is "job" (the job's own rotation: HF save_total_limit, Lightning save_top_k) or "other"
 (anything else: it stays suspect). A removal covers the records of its path written before it.
 
+A committed unit that failed its check (or whose check raised) is never left out: it gets a suspect
+line, with what was hashed (`files` for a directory unit) so a restarted custody does not judge it
+again:
+
+    {"v": 1, "op": "suspect", "path": "checkpoints/step5.safetensors", "code": "bad_structure",
+     "reason": "...", "ts": ..., "kind": "file", "size": .., "sha256": .., "mtime_ns": .., "inode": ..}
+
+A suspect line is live (`live_suspects`: the run's verdict fails, the pull's verification names it)
+until a record of the same path written at or after it (the unit was saved again and passed).
+Readers of records (`read`) skip it like a removal line.
+
 A record no longer matches once any of its files changed (size, mtime_ns, inode) and is not trusted
 until a newer record covers it. The launcher resumes from `newest_good()`: the unit itself (the
 directory for HF, the `.ckpt` file for Lightning).
@@ -47,6 +58,7 @@ VERSION = 1
 FILE = "file"
 DIR = "dir"
 BY = ("job", "other")
+MAX_REASON = 1000
 _BASE = ("path", "size", "sha256", "mtime_ns", "inode", "step", "format", "ts")
 
 
@@ -106,6 +118,42 @@ class Record:
 
 
 @dataclasses.dataclass(frozen=True)
+class Suspect:
+    """A committed unit custody judged bad (or could not judge): recorded, never left out."""
+
+    path: str
+    code: str
+    reason: str
+    ts: float
+    kind: str = FILE
+    size: Optional[int] = None
+    sha256: Optional[str] = None
+    mtime_ns: Optional[int] = None
+    inode: Optional[int] = None
+    files: Tuple[UnitFile, ...] = ()
+    root: Optional[str] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"v": VERSION, "op": "suspect", "path": self.path, "code": self.code,
+                               "reason": self.reason[:MAX_REASON], "ts": self.ts, "kind": self.kind,
+                               "size": self.size, "sha256": self.sha256, "mtime_ns": self.mtime_ns,
+                               "inode": self.inode}
+        if self.kind == DIR:
+            out["files"] = [dataclasses.asdict(f) for f in self.files]
+        if self.root is not None:
+            out["root"] = self.root
+        return out
+
+    def signature(self) -> Any:
+        """What custody compares a unit with (its key, or a directory's sorted (path, key))."""
+        if self.kind == DIR:
+            return tuple(sorted((f.path, f.key) for f in self.files)) or None
+        if self.size is None or self.mtime_ns is None or self.inode is None:
+            return None
+        return self.size, self.mtime_ns, self.inode
+
+
+@dataclasses.dataclass(frozen=True)
 class Removal:
     path: str
     sha256: str
@@ -152,6 +200,11 @@ def append(run_dir: Path, record: Record) -> None:
 def append_removal(run_dir: Path, removal: Removal) -> None:
     """Append one removal line and fsync it."""
     _append_line(run_dir, removal.to_dict())
+
+
+def append_suspect(run_dir: Path, suspect: Suspect) -> None:
+    """Append one suspect line and fsync it."""
+    _append_line(run_dir, suspect.to_dict())
 
 
 def _lines(run_dir: Path) -> List[Dict[str, Any]]:
@@ -219,6 +272,43 @@ def removals(run_dir: Path) -> List[Removal]:
     return out
 
 
+def _opt_int(value: Any) -> Optional[int]:
+    return value if type(value) is int else None
+
+
+def suspects(run_dir: Path) -> List[Suspect]:
+    """Every well-formed suspect line, oldest first."""
+    out: List[Suspect] = []
+    for obj in _lines(run_dir):
+        if obj.get("op") != "suspect":
+            continue
+        try:
+            kind = obj.get("kind", FILE)
+            files = _files(obj.get("files")) if kind == DIR else ()
+            item = Suspect(path=obj["path"], code=str(obj.get("code") or "suspect"),
+                           reason=str(obj.get("reason") or "")[:MAX_REASON], ts=float(obj["ts"]), kind=kind,
+                           size=_opt_int(obj.get("size")), mtime_ns=_opt_int(obj.get("mtime_ns")),
+                           inode=_opt_int(obj.get("inode")), files=files,
+                           sha256=obj["sha256"] if isinstance(obj.get("sha256"), str) else None,
+                           root=obj["root"] if isinstance(obj.get("root"), str) else None)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if isinstance(item.path, str) and kind in (FILE, DIR):
+            out.append(item)
+    return out
+
+
+def live_suspects(run_dir: Path) -> List[Suspect]:
+    """The newest suspect line per path that no record of that path written at or after it covers."""
+    newest: Dict[str, float] = {}
+    for record in read(run_dir):
+        newest[record.path] = max(record.ts, newest.get(record.path, record.ts))
+    latest: Dict[str, Suspect] = {}
+    for item in suspects(run_dir):
+        latest[item.path] = item
+    return [s for s in latest.values() if newest.get(s.path, float("-inf")) < s.ts]
+
+
 def removal_of(record: Record, rems: Sequence[Removal]) -> Optional[Removal]:
     """The removal that covers `record` (same path, written at or after it), or None."""
     found = None
@@ -238,5 +328,6 @@ def newest_good(run_dir: Path) -> Optional[Path]:
     return None
 
 
-__all__ = ["BY", "DIR", "FILE", "Record", "Removal", "UnitFile", "append", "append_removal", "newest_good",
-           "read", "removal_of", "removals", "unit_digest"]
+__all__ = ["BY", "DIR", "FILE", "Record", "Removal", "Suspect", "UnitFile", "append", "append_removal",
+           "append_suspect", "live_suspects", "newest_good", "read", "removal_of", "removals", "suspects",
+           "unit_digest"]

@@ -324,3 +324,48 @@ def test_plan_and_action_are_one_or_the_other(rig: Rig) -> None:
     assert rgt("teardown", RUN, "--plan", "--action", "stop").exit_code == 2
     out = rgt("teardown", RUN, "--action", "reboot", "--yes", RUN)
     assert out.exit_code == 1 and "no action 'reboot'" in out.stderr and "stop, destroy" in out.stderr
+
+
+# ---- the local copy is re-proven before a destructive action ----------------------------------
+
+
+def test_a_same_size_overwrite_of_a_verified_copy_closes_the_gate(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from controller import verify_units
+    from controller.verify import verify
+    from controller.verify_identity import hash_file
+    from tests.controller.verifykit import make_run
+
+    monkeypatch.setattr(verify_units, "newest_units", lambda steps: [])  # no seam child needed here
+    pulled = make_run(tmp_path)
+    report = verify(pulled)
+    assert report.ok, report.failures()
+    ck = {f.path: {"sha256": f.sha256, "size": f.size} for f in report.files if f.kind == "checkpoint"}
+    path = sorted(ck)[-1]
+    full = pulled / path
+    data = full.read_bytes()
+    hashed: List[Path] = []
+
+    def counting(p: Path) -> Any:
+        hashed.append(p)
+        return hash_file(p)
+    monkeypatch.setattr(teardown, "hash_file", counting, raising=False)
+
+    def judge() -> teardown.Gate:
+        return teardown.judge("run-abc", pulled, lambda: view(ck))
+
+    assert judge().open
+    full.write_bytes(bytes(b ^ 0xFF for b in data))  # other bytes, same size
+    assert full.stat().st_size == ck[path]["size"]
+    gate = judge()
+    assert not gate.open and gate.code == "local_copy_changed", gate
+    assert gate.reason.startswith(f"the pulled copy of {path} in {pulled} changed since it was verified: "
+                                  "its bytes changed since they were verified (sha256 now "), gate.reason
+    assert gate.problems == [gate.reason]
+
+    full.write_bytes(data)  # the verified bytes again: a changed stat means hashing again, and it matches
+    hashed.clear()
+    assert judge().open and hashed == [full]
+    assert verify(pulled).ok  # pinned afresh: a gate over unchanged copies hashes nothing
+    hashed.clear()
+    assert judge().open and hashed == []

@@ -341,12 +341,21 @@ def calls(tmp_path: Path) -> List[List[str]]:
     return [json.loads(x) for x in (tmp_path / "calls.jsonl").read_text().splitlines()]
 
 
+def given_in_a_view(run: Path, arg: str, rel: str) -> None:
+    """The eval got `rel` inside a view beside the run (never the pulled dir), removed since."""
+    root = Path(arg[: -len(rel)])
+    assert arg.endswith("/" + rel) and root.parent == run.parent and root.name.startswith(".rgt-eval-"), arg
+    assert not root.exists()
+
+
 def test_the_newest_checkpoint_recomputes_the_reported_loss(run: Path, tmp_path: Path, no_seam: None) -> None:
     report = verify(run, eval_cmd=eval_script(tmp_path, 0.25 * (1 + 1e-6)))
     assert report.ok, report.failures()
     [res] = report.proofs["metric"]["evaluated"]
     assert (res["step"], res["reported_step"], res["reported"]) == (200, 200, 0.25)
-    assert calls(tmp_path) == [[str(run / ST200)]]
+    [[arg]] = calls(tmp_path)
+    given_in_a_view(run, arg, ST200)
+    assert res["given"] == [ST200] and res["withheld"] == [] and res["view"] == "hard links"
     assert {f.path: f.metric for f in report.files}[ST100] == "skipped: not the newest checkpoint"
 
 
@@ -381,7 +390,8 @@ def test_the_checkpoint_path_is_one_argument_never_shell_text(tmp_path: Path, no
     run = make_run(base)
     report = verify(run, eval_cmd=eval_script(tmp_path, 0.25))
     assert report.ok, report.failures()
-    assert calls(tmp_path) == [[str(run / ST200)]]
+    [[arg]] = calls(tmp_path)
+    given_in_a_view(run, arg, ST200)
     assert not list(tmp_path.rglob("PWNED*"))
 
 

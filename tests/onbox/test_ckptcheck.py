@@ -218,3 +218,38 @@ def test_step_from_metadata_when_the_name_has_none() -> None:
     assert ckptcheck.step_of("model.safetensors", {"step": "42"}) == 42
     assert ckptcheck.step_of("step7.safetensors", {"step": "42"}) == 7
     assert ckptcheck.step_of("model.safetensors", {"step": "n/a"}) is None
+
+
+HOSTILE_HEADERS = {
+    "nested 100000 deep": (b"[" * 100_000 + b"]" * 100_000, "header nests 100000 levels deep (over 64)"),
+    "nested inside a tensor entry": (b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": '
+                                     + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"}}",
+                                     "header nests 100002 levels deep"),
+    "a 5000-digit number": (b'{"n": ' + b"9" * 5000 + b"}", "header is not JSON: ValueError"),
+    "a dtype that is a list": (b'{"w": {"dtype": [1], "shape": [1], "data_offsets": [0, 4]}}',
+                               "unknown dtype [1]"),
+    "rank 65": (b'{"w": {"dtype": "U8", "shape": [' + b"1, " * 64 + b'1], "data_offsets": [0, 4]}}',
+                "has over 64 dims"),
+    "a size that overflows": (b'{"w": {"dtype": "F32", "shape": [4294967296, 4294967296], '
+                              b'"data_offsets": [0, 4]}}', "overflows 64 bits"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_HEADERS))
+def test_a_hostile_header_is_bad_never_a_raise(tmp_path: Path, name: str) -> None:
+    header, text = HOSTILE_HEADERS[name]
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    result = check_path(path)
+    assert result.status == BAD and text in (result.reason or ""), result
+
+
+def test_a_check_that_raises_is_bad_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*args: Any) -> Any:
+        raise RecursionError("maximum recursion depth exceeded")
+    monkeypatch.setattr(ckptcheck, "_check_spans", boom)
+    path = _write_st(tmp_path / "m.safetensors", {"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}},
+                     b"\0")
+    result = check_path(path)
+    assert result.status == BAD
+    assert result.reason == "safetensors: checking it raised RecursionError: maximum recursion depth exceeded"
