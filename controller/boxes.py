@@ -9,19 +9,22 @@ shell-quoted; secrets never on them) and reads its one JSON answer.
 from __future__ import annotations
 
 import dataclasses
+import os
+import secrets
 import shlex
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from controller import codesync, install, status, wake
+from controller import boxtrust, codesync, install, status, wake
 from controller.install import LOCAL, InstallError, check_version, host_record, onbox_command
 from controller.output import error_tail, last_json_object
 from controller.ssh import LocalShell, Ssh, SshError
-from controller.store import Store
+from controller.store import AmbiguousRun, RunNotFound, Store
 
 Shell = Union[Ssh, LocalShell]
-__all__ = ["LOCAL", "BoxError", "Code", "host_record", "launch", "onbox_command", "run_state", "shell_for",
-           "stop"]
+__all__ = ["LOCAL", "BoxError", "Code", "host_record", "launch", "new_run_id", "onbox_command", "recorded",
+           "run_state", "shell_for", "stop"]
 
 
 class BoxError(Exception):
@@ -83,19 +86,84 @@ def _code_args(code: Code, where: Optional[str]) -> List[str]:
     return args
 
 
+def new_run_id(now: Optional[float] = None) -> str:
+    """20240601T120000Z-1a2b3c (the shape onbox/launch.py makes): sorts by start time, unique enough."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    return f"{stamp}-{secrets.token_hex(3)}"
+
+
+def recorded(store: Store, run: str) -> Optional[Dict[str, Any]]:
+    """The stored run with exactly this id (never one it is a prefix of), or None."""
+    try:
+        info = store.run(run)
+    except (RunNotFound, AmbiguousRun):
+        return None
+    return info if info["run"] == run else None
+
+
+def _run_id_for(store: Store, host: str, run_id: Optional[str], relaunch: bool) -> str:
+    """The run id this launch asks the box for: the laptop's, checked, and not another run's.
+
+    A run id already in the store is refused: the launch would take that run's record over (its
+    host, directory and events). `relaunch` is the queue's retry in place: the same run, again on
+    the host it is bound to."""
+    if run_id is None:
+        return new_run_id()
+    try:
+        run_id = boxtrust.run_id(run_id)
+    except boxtrust.Untrusted as e:
+        raise BoxError(f"--run-id refused: {e}", hint="leave out --run-id: rgt chooses one") from None
+    known = recorded(store, run_id)
+    if relaunch:
+        if known is None or known["target"] != host:
+            where = f"host {known['target'] or '(none)'}" if known else "no host: it is not recorded"
+            raise BoxError(f"run {run_id} cannot be relaunched on {host}: it is bound to {where}")
+    elif known is not None:
+        on = known["target"] or known["host"] or "?"
+        raise BoxError(f"run {run_id} exists already in this store (host {on}); a launch under its id "
+                       "would take its record over",
+                       hint="leave out --run-id: rgt chooses a new one")
+    return run_id
+
+
+def _checked_answer(store: Store, host: str, answer: Dict[str, Any], asked: str,
+                    relaunch: bool) -> Dict[str, Any]:
+    """The launch answer once boxtrust accepts it: the run id asked for (or its node stream), its
+    run dir named after it. BoxError saying why otherwise; nothing is recorded then."""
+    try:
+        checked = boxtrust.launch_answer(answer, asked)
+    except boxtrust.Untrusted as e:
+        raise BoxError(f"refused the box's answer to the launch: {e}",
+                       hint=f"nothing was recorded; if a job started on {host}, stop it there "
+                            "('rgt-onbox stop RUN_DIR')") from None
+    run = str(checked["run_id"])
+    known = recorded(store, run)
+    if run != asked and known is not None and not relaunch:
+        raise BoxError(f"refused the box's answer to the launch: its stream {run} is another run, "
+                       "recorded already", hint="launch again without --run-id")
+    if relaunch and known is not None and known["run_dir"] and known["run_dir"] != checked["run_dir"]:
+        raise BoxError(f"refused the box's answer to the launch: run {run} lives in {known['run_dir']}, "
+                       f"not {checked['run_dir']}", hint=f"look at what runs on {host}")
+    return checked
+
+
 def launch(store: Store, host: str, command: Sequence[str], *, run_id: Optional[str] = None,
            profile: Optional[str] = None, root: Optional[str] = None, project: Optional[str] = None,
-           onbox_args: Sequence[str] = (), code: Optional[Code] = None,
+           onbox_args: Sequence[str] = (), code: Optional[Code] = None, relaunch: bool = False,
            progress: Callable[[str], None] = lambda line: None) -> Dict[str, Any]:
     """Start COMMAND on the box through `rgt-onbox launch`; its JSON answer, with `host` added
     (and `code`: where the synced tree went, with --code).
 
-    The versions must match first: the sidecar and this controller speak one protocol.
-    With `code.code` the working tree goes to <root>/<project>/code there first (project: DIR's name
-    unless given) and the job's cwd defaults to it. The run is recorded in the store with its host
-    and directory before anything follows it.
+    The run id is the laptop's: given (and then checked, and refused when another run has it,
+    unless `relaunch`: the queue's retry in place) or made here, and passed as --run-id; the
+    box's answer must name it (controller.boxtrust.launch_answer). The versions must match first:
+    the sidecar and this controller speak one protocol. With `code.code` the working tree goes to
+    <root>/<project>/code there first (project: DIR's name unless given) and the job's cwd defaults
+    to it. The run is recorded in the store with its host and directory, and what the laptop asked
+    for (Store.record_launch, what `rgt resume` re-runs), before anything follows it.
     """
     record = host_record(store, host)
+    asked = _run_id_for(store, host, run_id, relaunch)
     shell = shell_for(store, host)
     onbox = onbox_command(store, host)
     try:
@@ -110,7 +178,7 @@ def launch(store: Store, host: str, command: Sequence[str], *, run_id: Optional[
         synced = _sync_code(shell, code, root, project, progress)
     args: List[str] = ["launch", "--json", *_code_args(code, synced["dir"] if synced else None)]
     profile = profile or (str(record["profile"]) if record.get("profile") and host != LOCAL else None)
-    for flag, value in (("--run-id", run_id), ("--profile", profile), ("--project", project),
+    for flag, value in (("--run-id", asked), ("--profile", profile), ("--project", project),
                         ("--root", root)):
         if value:
             args += [flag, value]
@@ -126,7 +194,16 @@ def launch(store: Store, host: str, command: Sequence[str], *, run_id: Optional[
     if out.returncode != 0 or "run_id" not in answer:
         reason = answer.get("error") or answer.get("reason") or answer
         raise BoxError(f"the box refused the launch (exit {out.returncode}): {reason}")
-    store.upsert_run(str(answer["run_id"]), host="", target=host, run_dir=str(answer["run_dir"]))
+    answer = _checked_answer(store, host, answer, asked, relaunch)
+    run = str(answer["run_id"])
+    first = recorded(store, run) is None
+    store.upsert_run(run, host="", target=host, run_dir=str(answer["run_dir"]))
+    if first or not relaunch:
+        # On `local` the launcher's cwd is this process's: keep it, so a resume runs where the job ran.
+        cwd = code.cwd or (os.getcwd() if host == LOCAL and code.code is None else None)
+        store.record_launch(run, {"command": list(command), "cwd": cwd, "python": code.python,
+                                  "code": synced["dir"] if synced else None, "profile": profile,
+                                  "project": project, "onbox_args": list(onbox_args), "host": host})
     return {**answer, "host": host, **({"code": synced} if synced else {})}
 
 

@@ -114,7 +114,8 @@ def launch_answer(obj: Mapping[str, Any], asked: str) -> Dict[str, Any]:
     asked = answer["run_id"]
     answer["run_dir"] = box_path(obj.get("run_dir"), "run directory")
     if posixpath.basename(answer["run_dir"]) != asked:
-        raise Untrusted(f"the box's run directory {answer['run_dir'][:200]!r} is not named after run {asked!r}")
+        raise Untrusted(f"the box's run directory {answer['run_dir'][:200]!r} is not named after run "
+                        f"{asked!r}")
     for key in ("pid", "sidecar_pid", "supervisor_pid"):
         if obj.get(key) is not None:
             answer[key] = number(obj[key], key, lo=1, hi=2 ** 31, integer=True)

@@ -136,7 +136,8 @@ def hosts_rm(name: str) -> None:
 @click.argument("host")
 @click.argument("command", nargs=-1, required=True)
 @click.option("--profile", default=None, metavar="P", help="Platform profile (default: the host's).")
-@click.option("--run-id", default=None, metavar="ID", help="Run id (default: UTC time + random).")
+@click.option("--run-id", default=None, metavar="ID",
+              help="Run id: letters, digits, . _ - (default: UTC time + random); a recorded one is refused.")
 @click.option("--project", default=None, help="Project name on the box.")
 @click.option("--root", default=None, metavar="DIR", help="Where runs live on the box.")
 @click.option("--onbox-arg", "onbox_args", multiple=True, metavar="ARG",

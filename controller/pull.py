@@ -24,6 +24,10 @@ altogether; and a --partial-dir temp file is lost when rsync is SIGKILLed.
 
 No rsync on the box is an error with a hint, never a fallback to scp (which cannot resume).
 Sizes are proved here; `rgt verify` proves content (SHA-256, safe load) and writes PULL_VERIFIED.json.
+
+The box chooses nothing on the laptop: the run id is checked by the run-id grammar before it names
+./runs/<run-id>, the manifest must be the run's own (its run id, read from the run's own directory),
+and every path built from it stays under staging (controller.boxtrust.contained; pullstage.inside).
 """
 from __future__ import annotations
 
@@ -45,13 +49,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from protocol import ProtocolError
 from protocol.pull import check_manifest
 
-from controller import install
+from controller import boxtrust, install, pidlock
 from controller.output import error_tail, last_json_object
 from controller.pullstage import (
     MANIFEST_REL,
     STAGING_SUFFIX,
     Entry,
     PullError,
+    check_entries,
     check_staging,
     earlier_pull,
     prepare,
@@ -137,17 +142,34 @@ def box_manifest(shell: Shell, onbox: str, run_dir: str, run: str) -> Tuple[Dict
     if done.returncode != 0 or answer is None or not isinstance(answer.get("sha256"), str):
         raise PullError(f"the box could not list {run} for a pull (rgt-onbox manifest, exit "
                         f"{done.returncode}): {error_tail(done.stderr)}", hint="nothing was copied")
-    where = str(answer.get("run_dir") or run_dir)
+    where = _manifest_dir(answer.get("run_dir"), run_dir, run)
     raw = shell.run(f"cat -- {shlex.quote(where + '/' + MANIFEST_REL)}", timeout_s=300).stdout
     try:
         doc = json.loads(raw)
         check_manifest(doc)
     except (ValueError, ProtocolError) as e:
-        raise PullError(f"the box's {MANIFEST_REL} for {run} is not usable: {e}") from e
+        raise PullError(f"refused the box's {MANIFEST_REL} for {run}: {e}", hint="nothing was copied") from e
     if doc["sha256"] != answer["sha256"]:
         raise PullError(f"{MANIFEST_REL} of {run} changed while it was read",
                         hint="another `rgt pull` of this run may be running; try again when it is done")
     return doc, raw, where
+
+
+def _manifest_dir(answered: Any, run_dir: str, run: str) -> str:
+    """Where the box says it wrote the manifest: the run's own directory (as the box resolved it:
+    an absolute path named after the run), or PullError; absent, the stored run dir."""
+    if answered is None or answered == "":
+        return run_dir
+    try:
+        where = boxtrust.box_path(answered, "manifest directory")
+    except boxtrust.Untrusted as e:
+        raise PullError(f"refused the box's manifest answer for {run}: {e}",
+                        hint="nothing was copied") from None
+    named = {run, run_dir.rstrip("/").rsplit("/", 1)[-1]}
+    if where.rstrip("/").rsplit("/", 1)[-1] not in named:
+        raise PullError(f"refused the box's manifest answer for {run}: it was written in {where[:200]!r}, "
+                        f"not in the run's own directory {run_dir[:200]!r}", hint="nothing was copied")
+    return where
 
 
 # ---- rsync ------------------------------------------------------------------------------------
@@ -224,7 +246,9 @@ def run_rsync(argv: List[str], meter: _Meter) -> Tuple[int, Dict[str, int], byte
         meter.line(raw)
 
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err)
+        # rsync ends with us: a SIGKILLed `rgt pull` leaves no transfer running (what it received stays).
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                                preexec_fn=pidlock.dies_with_us())
         try:
             assert proc.stdout is not None
             _read_lines(proc.stdout.fileno(), on_line)
@@ -285,10 +309,12 @@ def _pull_once(store: Store, shell: Shell, run_id: str, host: str, run_dir: str,
     need_rsync(shell, host, run_id)
     doc, raw, where = box_manifest(shell, install.onbox_command(store, host), run_dir, run_id)
     if doc["run_id"] != run_id:
-        raise PullError(f"the box says {run_dir} holds run {doc['run_id']!r}, not {run_id}")
+        raise PullError(f"refused the box's manifest: it says {run_dir} holds run {doc['run_id'][:80]!r}, "
+                        f"not {run_id}", hint="nothing was copied")
     earlier = earlier_pull(target, run_id)
     entries = _entries(doc, raw)
     staging = target.with_name(target.name + STAGING_SUFFIX)
+    check_entries(staging, entries)  # before staging is made: a refused manifest writes nothing
     with staging_dir(staging, run_id):
         resumed, stats, code, stderr = _fetch(shell, where, staging, entries, earlier, bwlimit, on_progress,
                                               clock)
@@ -316,8 +342,8 @@ def pull(store: Store, run: str, dest: Optional[Path] = None, *, bwlimit: Option
     run_id, host, run_dir = str(info["run"]), str(info["target"] or ""), str(info["run_dir"] or "")
     if not host or not run_dir:
         raise PullError(f"run {run_id} was not launched through rgt: no host or run directory known")
+    target = destination(run_id, run_dir, dest)
     shell = shell or install.shell_for(install.host_record(store, host))
-    target = Path(os.path.abspath(dest if dest is not None else Path("runs") / run_id))
     for attempt in range(1, _ATTEMPTS + 1):
         riding = isinstance(shell, Ssh) and shell.master_pid() is not None
         try:
@@ -343,6 +369,21 @@ def pull(store: Store, run: str, dest: Optional[Path] = None, *, bwlimit: Option
     return result
 
 
+def destination(run_id: str, run_dir: str, dest: Optional[Path]) -> Path:
+    """Where the pull goes: DEST as given, else ./runs/<run-id>, the run id checked first (a box
+    chose it once: an id like ../../x or /abs must not name a laptop path); PullError otherwise."""
+    try:
+        boxtrust.run_id(run_id)
+        boxtrust.box_path(run_dir)
+        if dest is not None:
+            return Path(os.path.abspath(dest))
+        return boxtrust.contained(Path(os.path.abspath("runs")), run_id)
+    except boxtrust.Untrusted as e:
+        raise PullError(f"refused to pull {run_id[:80]!r}: {e}",
+                        hint="its id or directory came from a box before rgt checked them; "
+                             "nothing was copied") from None
+
+
 def removed_of(doc: Dict[str, Any]) -> Tuple[List[str], List[str]]:
     """(what the job rotated away, what something else removed) from a manifest's optional
     "removed" list, named as people name checkpoints (checkpoint-20, not each of its files)."""
@@ -361,5 +402,5 @@ def removed_of(doc: Dict[str, Any]) -> Tuple[List[str], List[str]]:
     return list(dict.fromkeys(rotated)), list(dict.fromkeys(other))
 
 
-__all__ = ["Progress", "PullError", "PullResult", "box_manifest", "need_rsync", "pull", "removed_of",
-           "rsync_argv", "run_rsync"]
+__all__ = ["Progress", "PullError", "PullResult", "box_manifest", "destination", "need_rsync", "pull",
+           "removed_of", "rsync_argv", "run_rsync"]

@@ -5,6 +5,8 @@ Staging is <dest>.partial/, marked as rgt's by its marker file and locked while 
 Only what can help stays there: a file of the listed size that hashes to the listed SHA-256, or a
 shorter file of ours alone (a prefix rsync --append-verify continues and then checks as a whole).
 A hard-linked file is never left to be written in place, so an earlier pull is never changed.
+Every path made of a manifest entry is checked to stay under staging first (inside(): the box
+wrote the manifest, and protocol.pull's check_manifest is not the last word on a laptop path).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 
 from protocol.pull import FILENAME
 
+from controller import boxtrust
 from controller.verify_identity import hash_file
 
 STAGING_SUFFIX = ".partial"
@@ -44,6 +47,22 @@ class Entry:
     size: int
     sha256: str
 
+
+
+def inside(root: Path, rel: str) -> Path:
+    """ROOT/REL when it stays under ROOT (boxtrust.contained: relative, no '..', no control
+    characters, no symlink out); PullError naming the entry otherwise."""
+    try:
+        return boxtrust.contained(root, rel)
+    except boxtrust.Untrusted as e:
+        raise PullError(f"refused the box's manifest entry {rel[:200]!r}: {e}",
+                        hint="nothing was copied") from None
+
+
+def check_entries(root: Path, entries: Dict[str, Entry]) -> None:
+    """Every listed path stays under ROOT (staging), or PullError before anything is written."""
+    for rel in entries:
+        inside(root, rel)
 
 
 def sha256_of(path: Path) -> str:
@@ -102,6 +121,7 @@ def _keeps(path: Path, entry: Optional[Entry]) -> bool:
 def prepare(staging: Path, entries: Dict[str, Entry], earlier: Optional[Path]) -> int:
     """Drop from staging what cannot help, link in what an earlier pull holds right; the bytes
     staging holds for the listed files afterwards."""
+    check_entries(staging, entries)
     for rel, path in list(_files_under(staging)):
         if not _keeps(path, entries.get(rel)):
             os.unlink(path)
@@ -111,7 +131,11 @@ def prepare(staging: Path, entries: Dict[str, Entry], earlier: Optional[Path]) -
                 os.rmdir(os.path.join(base, d))  # only empty ones go
     if earlier is not None:
         for rel, entry in entries.items():
-            target, old = staging / rel, earlier / rel
+            target, old = inside(staging, rel), earlier / rel
+            try:
+                boxtrust.contained(earlier, rel)  # a symlink in an earlier pull never leads out of it
+            except boxtrust.Untrusted:
+                continue
             if os.path.lexists(target) or not old.is_file() or old.is_symlink():
                 continue
             if old.stat().st_size == entry.size and sha256_of(old) == entry.sha256:
@@ -126,6 +150,7 @@ def prepare(staging: Path, entries: Dict[str, Entry], earlier: Optional[Path]) -
 def check_staging(staging: Path, entries: Dict[str, Entry], manifest_raw: bytes) -> None:
     """Every listed file there with its listed size, the manifest byte for byte, nothing else."""
     problems = []
+    check_entries(staging, entries)
     for rel, entry in entries.items():
         path = staging / rel
         try:
@@ -198,5 +223,5 @@ def earlier_pull(dest: Path, run_id: str) -> Optional[Path]:
                         hint="pull somewhere else with --to DIR")
     return dest
 
-__all__ = ["MANIFEST_REL", "MARKER", "STAGING_SUFFIX", "VERIFIED_REL", "Entry", "PullError", "check_staging",
-           "earlier_pull", "prepare", "sha256_of", "staging_dir", "swap_in"]
+__all__ = ["MANIFEST_REL", "MARKER", "STAGING_SUFFIX", "VERIFIED_REL", "Entry", "PullError", "check_entries",
+           "check_staging", "earlier_pull", "inside", "prepare", "sha256_of", "staging_dir", "swap_in"]

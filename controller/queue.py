@@ -36,7 +36,9 @@ import shlex
 import sqlite3
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from controller import boxtrust, paths
 from controller.store import LocalEvent, Store, StoreError
+from controller.storeerrors import StoreCorrupt, recovery_hint
 
 PENDING, LAUNCHING, RUNNING, RETRYING = "pending", "launching", "running", "retrying"
 DONE, FAILED, CANCELLED = "done", "failed", "cancelled"
@@ -159,29 +161,51 @@ def parse_commands(text: str, source: str = "FILE") -> List[List[str]]:
 
 
 def check_name(name: str) -> str:
-    if not _NAME.match(name):
-        raise QueueError(f"queue name {name!r} must be 1-48 of A-Z a-z 0-9 . _ - (starting alphanumeric)")
+    """NAME when it may name a queue: its cells' run ids (new_run_id) begin with it, so it follows
+    the run-id grammar too (no '..')."""
+    if not _NAME.match(name) or ".." in name:
+        raise QueueError(f"queue name {name!r} must be 1-48 of A-Z a-z 0-9 . _ - (starting alphanumeric, "
+                         "no '..')", hint="its cells' run ids begin with it; choose another --name")
     return name
 
 
 def name_from(source: str) -> str:
     """A queue name from a file name: its stem, made safe."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", source.rsplit("/", 1)[-1].rsplit(".", 1)[0]).strip("-._")
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", source.rsplit("/", 1)[-1].rsplit(".", 1)[0])
+    stem = re.sub(r"\.{2,}", ".", stem).strip("-._")
     return stem[:40] or "queue"
 
 
 def new_run_id(queue: str, idx: int) -> str:
-    """A fresh run id for a cell: the queue, the cell, and a random tail (unique on every box)."""
-    return f"{queue}-{idx}-{secrets.token_hex(3)}"
+    """A fresh run id for a cell: the queue, the cell, and a random tail (unique on every box).
+    Checked by the one grammar (boxtrust.run_id): the laptop never makes an id it would refuse."""
+    try:
+        return boxtrust.run_id(f"{queue}-{idx}-{secrets.token_hex(3)}", f"queue {queue[:60]!r}'s run id")
+    except boxtrust.Untrusted as e:
+        raise QueueError(str(e), hint="start the queue again under another --name") from None
 
 
 # ---- rows -----------------------------------------------------------------------------------
 
 
+def _parsed(text: Any, where: str) -> Any:
+    """A JSON column of the queue tables; StoreCorrupt naming the store and the row when damaged."""
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError) as e:
+        path = paths.db_path()
+        raise StoreCorrupt(f"the store {path} is damaged: {where} is not valid JSON",
+                           hint=recovery_hint(path)) from e
+
+
 def _cell(row: Sequence[Any]) -> Cell:
     d = dict(zip(_CELL_FIELDS, row))
-    history = json.loads(d["history"])
-    return Cell(queue=str(d["queue"]), idx=int(d["idx"]), command=tuple(json.loads(d["command"])),
+    where = f"cell {d['idx']} of queue {str(d['queue'])[:60]!r} (table queue_cells)"
+    history = _parsed(d["history"], f"the history of {where}")
+    command = _parsed(d["command"], f"the command of {where}")
+    if not isinstance(command, list):
+        command = []
+    return Cell(queue=str(d["queue"]), idx=int(d["idx"]), command=tuple(str(w) for w in command),
                 state=str(d["state"]), attempts=int(d["attempts"]), run=str(d["run"]),
                 host=str(d["host"]), reason=str(d["reason"]),
                 history=tuple(h for h in history if isinstance(h, dict)) if isinstance(history, list)
@@ -190,8 +214,10 @@ def _cell(row: Sequence[Any]) -> Cell:
 
 def _queue(row: Sequence[Any]) -> Queue:
     name, hosts, options, created, updated = row
-    opts = json.loads(options)
-    return Queue(name=str(name), hosts=tuple(str(h) for h in json.loads(hosts)),
+    where = f"queue {str(name)[:60]!r} (table queues)"
+    opts = _parsed(options, f"the options of {where}")
+    hosts = _parsed(hosts, f"the hosts of {where}")
+    return Queue(name=str(name), hosts=tuple(str(h) for h in hosts) if isinstance(hosts, list) else (),
                  options=Options.from_dict(opts if isinstance(opts, dict) else {}),
                  created_at=float(created), updated_at=float(updated))
 
@@ -255,7 +281,8 @@ def set_options(store: Store, name: str, now: float, **changes: Any) -> Queue:
         row = conn.execute("SELECT options FROM queues WHERE name = ?", (name,)).fetchone()
         if row is None:
             raise QueueError(f"no queue {name!r}")
-        opts = dataclasses.replace(Options.from_dict(json.loads(row[0])), **changes)
+        found = _parsed(row[0], f"the options of queue {name[:60]!r} (table queues)")
+        opts = dataclasses.replace(Options.from_dict(found if isinstance(found, dict) else {}), **changes)
         conn.execute("UPDATE queues SET options = ?, updated_at = ? WHERE name = ?",
                      (json.dumps(opts.to_dict()), now, name))
     return load(store, name)

@@ -124,10 +124,14 @@ def stop_dispatcher(name: str, timeout_s: float = 10.0) -> Optional[int]:
 
 def launch_on_box(store: Store, host: str, command: Sequence[str], run_id: str, project: str,
                   onbox_args: Sequence[str]) -> Mapping[str, Any]:
-    """`rgt launch` for one cell: boxes.launch; BoxError/SshError when the box cannot."""
+    """`rgt launch` for one cell: boxes.launch; BoxError/SshError when the box cannot.
+
+    The cell's run id is the laptop's (queue.new_run_id). One already recorded is the cell's own
+    earlier attempt, resumed in place: boxes.launch relaunches it only on the host it is bound to."""
     from controller import boxes
 
-    return boxes.launch(store, host, command, run_id=run_id, project=project, onbox_args=onbox_args)
+    return boxes.launch(store, host, command, run_id=run_id, project=project, onbox_args=onbox_args,
+                        relaunch=boxes.recorded(store, run_id) is not None)
 
 
 def probe_box(store: Store, host: str) -> bool:
@@ -145,19 +149,20 @@ def probe_box(store: Store, host: str) -> bool:
 
 def watch_run(store: Store, run: str, since_seq: int) -> Optional[int]:
     """Make sure RUN's attempt that began after seq since_seq has its background watcher; its pid.
-    A run resumed in place has its earlier attempt's `sidecar.stopping` stored and the new
-    attempt's events are stored by the very watcher started here: `launched` says so."""
+    A run resumed in place has its earlier attempt's exit and stop stored and the new attempt's
+    events are stored by the very watcher started here: `launched` says so, until this attempt's
+    own exit and stop are stored (a stop alone ends nothing: the job may live on)."""
     from controller import watcher
 
     start = q.attempt_start(store, run, since_seq) if since_seq > 0 else None
-    ended = start is not None and bool(store.events(run, since=start, kind_prefix="sidecar.stopping",
-                                                    limit=1))
+    ended = start is not None and all(store.events(run, since=start, kind_prefix=kind, limit=1)
+                                      for kind in ("job.exited", "sidecar.stopping"))
     return watcher.ensure_watcher(store, run, launched=since_seq > 0 and not ended)
 
 
 def stop_old_watcher(run: str) -> None:
     """Before a run is resumed in place: its earlier attempt's watcher ends on that attempt's
-    `sidecar.stopping`, so it must not be the one left to follow the new attempt."""
+    exit and stop, so it must not be the one left to follow the new attempt."""
     from controller import watcher
 
     watcher.stop_watcher(run)

@@ -9,6 +9,10 @@ a subscriber killed at any point resumes exactly where the store says.
 
 A transport failure proves only that the transport is down; nothing here
 concludes anything about the job from it.
+
+The box is not trusted with identities (controller.boxtrust): a hello that names another run than
+the one followed (`expect_run`), or another host than the one the run was first seen on, is
+refused before anything is stored (SubscriberRefused), and events of other runs are dropped.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from protocol import (
     PACKAGE_VERSION,
@@ -37,7 +41,8 @@ from protocol import (
 )
 from protocol.endpoints import Endpoints
 
-from .store import Store
+from . import boxtrust
+from .store import AmbiguousRun, RunNotFound, Store
 from .transport import CurveClient, Link
 
 log = logging.getLogger(__name__)
@@ -47,6 +52,15 @@ EventsHook = Callable[[Sequence[Event]], None]
 
 class SubscriberError(Exception):
     """The sidecar cannot be followed (e.g. it speaks another protocol version)."""
+
+
+class SubscriberRefused(SubscriberError):
+    """The sidecar's hello was refused (another run, another host, a malformed field): nothing of
+    it was stored, and this link is not followed."""
+
+
+MAX_HOST_CHARS = 256
+MAX_VERSION_CHARS = 128
 
 
 @dataclasses.dataclass
@@ -65,14 +79,20 @@ class SubscriberStats:
     resends: int = 0
     gaps: int = 0
     renewals: int = 0     # dead-man lease renewals the sidecar confirmed
+    refused: int = 0      # hellos refused (another run or host): nothing of them stored
+    foreign: int = 0      # events of another run, dropped
 
 
 class Subscriber:
     def __init__(self, store: Store, endpoints: Endpoints, *, curve: Optional[CurveClient] = None,
                  request_timeout_s: float = 2.0, resync_s: float = 5.0, page: int = 1000,
                  on_events: Optional[EventsHook] = None, renew_every_s: Optional[float] = None,
+                 expect_run: Optional[str] = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
+        """`expect_run`: the run this link must be (the watcher always names it); None learns the
+        run from the hello (`rgt track`, which attaches to whatever answers)."""
         self.store = store
+        self.expect_run = None if expect_run is None else boxtrust.run_id(expect_run)
         self.link = Link(endpoints, curve)
         self.request_timeout_s = request_timeout_s
         self.resync_s = resync_s
@@ -199,24 +219,46 @@ class Subscriber:
             raise SubscriberError(
                 f"the sidecar speaks protocol v{reply.protocol_version}, this rgt speaks "
                 f"v{PROTOCOL_VERSION}: install the same version on both sides (sidecar "
-                f"{reply.package_version}, rgt {PACKAGE_VERSION})")
-        if reply.package_version != PACKAGE_VERSION:
-            log.warning("sidecar package %s differs from rgt %s", reply.package_version, PACKAGE_VERSION)
-        self.run, self.boot_id = reply.run, reply.boot_id
-        self.store.upsert_run(reply.run, host=reply.host, boot_id=reply.boot_id,
-                              protocol_version=reply.protocol_version,
-                              package_version=reply.package_version, meta=dict(reply.run_meta),
+                f"{str(reply.package_version)[:40]!r}, rgt {PACKAGE_VERSION})")
+        run, host, boot_id, package = self._checked_hello(reply)
+        if package != PACKAGE_VERSION:
+            log.warning("sidecar package %r differs from rgt %s", package, PACKAGE_VERSION)
+        self.run, self.boot_id = run, boot_id
+        self.store.upsert_run(run, host=host, boot_id=boot_id, protocol_version=reply.protocol_version,
+                              package_version=package, meta=dict(reply.run_meta),
                               endpoint=self.link.endpoints.ctl)
-        self.cursor = self.store.cursor(reply.run)
+        self.cursor = self.store.cursor(run)
         self.remote_last_seq = reply.last_seq
         if self.cursor > reply.last_seq:
             log.warning("store holds seq %d but the sidecar's journal ends at %d (journal replaced?)",
                         self.cursor, reply.last_seq)
         self._request("since")
 
+    def _checked_hello(self, reply: HelloReply) -> Tuple[str, str, str, str]:
+        """(run, host, boot_id, package version) of a hello this link may follow; SubscriberRefused
+        (counted, nothing stored) for another run, a run seen on another host, or a bad field."""
+        try:
+            if self.expect_run is not None:
+                run = boxtrust.expect_run(reply.run, self.expect_run, "the sidecar")
+            else:
+                run = boxtrust.run_id(reply.run, "the sidecar's run id")
+            if self.run is not None and run != self.run:
+                raise boxtrust.Untrusted(f"the sidecar answered for run {run!r} after {self.run!r}")
+            host = boxtrust.text(reply.host, "host name", MAX_HOST_CHARS)
+            boot_id = boxtrust.text(reply.boot_id, "boot id", MAX_VERSION_CHARS)
+            package = boxtrust.text(reply.package_version, "package version", MAX_VERSION_CHARS)
+            bound = _stored_host(self.store, run)
+            if bound and host != bound:
+                raise boxtrust.Untrusted(f"run {run!r} was first seen on host {bound[:80]!r}; the sidecar "
+                                         f"now says {host[:80]!r} (a run is bound to its box)")
+        except boxtrust.Untrusted as e:
+            self.stats.refused += 1
+            raise SubscriberRefused(f"refused the sidecar at {self.link.endpoints.ctl}: {e}") from None
+        return run, host, boot_id, package
+
     def _on_since(self, reply: SinceReply) -> None:
         self.remote_last_seq = max(self.remote_last_seq, reply.last_seq)
-        fresh = [ev for ev in reply.events if ev.seq > self.cursor and ev.run == self.run]
+        fresh = [ev for ev in reply.events if ev.seq > self.cursor and self._ours(ev)]
         expected = self.cursor + 1
         for ev in fresh:
             if ev.seq > expected:
@@ -247,7 +289,7 @@ class Subscriber:
                 log.warning("undecodable event frame: %s", e)
                 gap = True
                 continue
-            if ev.run != self.run or ev.seq < expected:
+            if not self._ours(ev) or ev.seq < expected:
                 continue
             if ev.seq > expected or gap:
                 gap = True
@@ -266,6 +308,16 @@ class Subscriber:
             self.caught_up = True
             self._last_activity = self._mono()
 
+    def _ours(self, ev: Event) -> bool:
+        """Whether EV belongs to the run followed; another run's event is counted and dropped."""
+        if ev.run == self.run:
+            return True
+        self.stats.foreign += 1
+        if self.stats.foreign == 1:
+            log.warning("run %s: the sidecar sent an event of run %r; dropped (and any more)", self.run,
+                        ev.run[:80])
+        return False
+
     def _apply(self, events: Sequence[Event], cursor: int) -> None:
         assert self.run is not None
         self.store.apply(self.run, events, cursor)
@@ -281,3 +333,12 @@ class Subscriber:
         self.stats.gaps += 1
         log.warning("run %s: seqs %d..%d are missing (%s)", self.run, first, last, reason)
         self.store.record_gap(self.run, first, last, reason)
+
+
+def _stored_host(store: Store, run: str) -> str:
+    """The host name the run was first seen on ("" when none is stored yet)."""
+    try:
+        info = store.run(run)
+    except (RunNotFound, AmbiguousRun):
+        return ""
+    return str(info["host"] or "") if info["run"] == run else ""

@@ -16,6 +16,11 @@ died. When the link is up but no event arrives for three heartbeat intervals,
 `sidecar.silent` is recorded. A node stream of a multi-node run also checks its group's
 verdicts (controller.groups) after each job event it stores, and every GROUP_RECHECK_S.
 
+A run is over when its job's exit is stored: `sidecar.stopping` alone ends nothing (a supervisor
+restarts a stopped sidecar while the job trains on). The run id names the watcher's files and the
+tunnel sockets, so it is checked (controller.boxtrust) before any path is made of it, and the
+subscriber refuses a sidecar that answers for another run or host.
+
     python -m controller.watcher RUN     (what ensure_watcher starts; logs to watchers/RUN.log)
 """
 from __future__ import annotations
@@ -38,10 +43,10 @@ from typing import Any, Callable, Dict, Optional, Protocol, Sequence
 from protocol import Event, ProtocolError
 from protocol.endpoints import Endpoints
 
-from controller import groups, paths, pidlock
+from controller import boxtrust, groups, paths, pidlock
 from controller.backoff import Backoff
 from controller.ssh import Ssh, SshError, short_socket_path, ssh_config_file
-from controller.store import Store
+from controller.store import Store, StoreError
 from controller.subscriber import Subscriber, SubscriberError
 
 log = logging.getLogger(__name__)
@@ -84,25 +89,46 @@ def watcher_dir() -> Path:
     return d
 
 
+class WatchRefused(StoreError):
+    """A run rgt will not watch: its id is not a run id (a box chose it before rgt checked)."""
+
+
 def files(run: str) -> WatcherFiles:
+    """RUN's lock, pid and log file under watchers/; boxtrust.Untrusted for a run id that is not
+    one (the paths are made of it, and must stay in watchers/)."""
+    name = boxtrust.run_id(run)
     d = watcher_dir()
-    return WatcherFiles(lock=d / f"{run}.lock", pid=d / f"{run}.pid", log=d / f"{run}.log")
+    return WatcherFiles(*(boxtrust.contained(d, f"{name}.{ext}") for ext in ("lock", "pid", "log")))
 
 
 def running_pid(run: str) -> Optional[int]:
-    """The pid of the watcher holding RUN's lock, or None when none does."""
-    f = files(run)
+    """The pid of the watcher holding RUN's lock, or None when none does (none can for a run id
+    that is not one)."""
+    try:
+        f = files(run)
+    except boxtrust.Untrusted:
+        return None
     return pidlock.holder(f.lock, f.pid)
 
 
-def _finished(store: Store, run: str) -> bool:
-    """The sidecar of the run's latest attempt was seen stopping. A run relaunched in place (the
-    same run id: `rgt queue`'s retry, `rgt launch --run-id`) has an earlier attempt's stop stored."""
-    stops = store.events(run, kind_prefix="sidecar.stopping")
-    if not stops:
+def _exit_stored(store: Store, run: str) -> bool:
+    """The job of the run's latest attempt has its `job.exited` stored (after its `job.started`:
+    a run relaunched in place, `rgt queue`'s retry, has an earlier attempt's exit stored)."""
+    exits = store.events(run, kind_prefix="job.exited")
+    if not exits:
         return False
     starts = store.events(run, kind_prefix="job.started")
-    return not starts or stops[-1].seq > starts[-1].seq
+    return not starts or exits[-1].seq > starts[-1].seq
+
+
+def _finished(store: Store, run: str) -> bool:
+    """The run's latest attempt was followed to its end: its job's exit is stored and its sidecar
+    was seen stopping after it. A `sidecar.stopping` alone is no end: the supervisor restarts the
+    sidecar while the job may still train."""
+    if not _exit_stored(store, run):
+        return False
+    exit_seq = store.events(run, kind_prefix="job.exited")[-1].seq
+    return bool(store.events(run, since=exit_seq, kind_prefix="sidecar.stopping", limit=1))
 
 
 def ensure_watcher(store: Store, run: str, wait_s: float = 5.0, launched: bool = False) -> Optional[int]:
@@ -115,12 +141,17 @@ def ensure_watcher(store: Store, run: str, wait_s: float = 5.0, launched: bool =
     """
     info = store.run(run)
     run_id = str(info["run"])
+    try:
+        f = files(run_id)
+    except boxtrust.Untrusted as e:
+        raise WatchRefused(f"rgt does not watch {run_id[:80]!r}: {e}",
+                           hint="a box chose that id before rgt checked run ids; launch the job "
+                                "again") from None
     if not info["target"] or (not launched and _finished(store, run_id)):
         return None
     pid = running_pid(run_id)
     if pid:
         return pid
-    f = files(run_id)
     return pidlock.start("controller.watcher", run_id, f.lock, f.pid, f.log, wait_s)
 
 
@@ -154,7 +185,7 @@ class LocalLink:
     """Host `local`: the run's sockets are on this machine already."""
 
     def __init__(self, run_dir: str) -> None:
-        self.rgt_dir = Path(run_dir) / "rgt"
+        self.rgt_dir = Path(boxtrust.box_path(run_dir)) / "rgt"
 
     def connect(self) -> Endpoints:
         try:
@@ -176,9 +207,12 @@ class SshLink:
 
     def __init__(self, ssh: Ssh, run: str, run_dir: str, sock_dir: Path) -> None:
         self.ssh = ssh
-        self.run_dir = run_dir
-        self.local_pub = short_socket_path(sock_dir, f"{run}.pub")
-        self.local_ctl = short_socket_path(sock_dir, f"{run}.ctl")
+        self.run_dir = boxtrust.box_path(run_dir)
+        name = boxtrust.run_id(run)
+        for ext in ("pub", "ctl"):
+            boxtrust.contained(sock_dir, f"{name}.{ext}")  # the socket stays in tunnels/ (or its hash does)
+        self.local_pub = short_socket_path(sock_dir, f"{name}.pub")
+        self.local_ctl = short_socket_path(sock_dir, f"{name}.ctl")
         self._remote: Optional[Endpoints] = None
         self._pid = 0
         self._checked = 0.0
@@ -275,8 +309,9 @@ class Watcher:
         self._last_event = monotonic()
         self._heartbeat_s = DEFAULT_HEARTBEAT_S
         self._silent = False
-        self._exited_at: Optional[float] = None
-        self._stopping = False
+        self._exited_at: Optional[float] = None   # when this attempt's job.exited was stored
+        self._stopping = False                     # its sidecar stopped since
+        self._look_for_exit = False                # a stop came with no exit seen: is one stored?
         self._group: Optional[str] = None        # its multi-node group; "" when it has none
         self._group_due = False                  # a job event arrived since the last check
         self._group_next: Optional[float] = None
@@ -292,19 +327,34 @@ class Watcher:
                     interval = ev.data.get("interval_s")
                     if isinstance(interval, (int, float)) and interval > 0:
                         self._heartbeat_s = float(interval)
+                elif ev.kind == "job.started":       # a new attempt: what was seen before is its past
+                    self._exited_at, self._stopping = None, False
                 elif ev.kind == "job.exited":
-                    self._exited_at = self._mono()
+                    self._exited_at, self._stopping = self._mono(), False
                 elif ev.kind == "sidecar.stopping":
                     self._stopping = True
+                    self._look_for_exit = self._exited_at is None
 
     def done(self, sub: Subscriber) -> bool:
+        """Caught up, and the job's exit is stored: at once when the sidecar then stopped, else once
+        nothing came for EXIT_QUIET_S. A sidecar that stops while the job may live ends nothing."""
         with self._lock:
-            if not sub.caught_up:
+            if not sub.caught_up or self._exited_at is None:
                 return False
             if self._stopping:
                 return True
-            quiet = self._mono() - self._last_event
-            return self._exited_at is not None and quiet >= EXIT_QUIET_S
+            return self._mono() - self._last_event >= EXIT_QUIET_S
+
+    def _exit_from_store(self, store: Store) -> None:
+        """The sidecar stopped but no exit came while this watcher followed: the exit may be stored
+        from before (a watcher restarted between the two). Asked once per stop, on this (the main)
+        thread's store; when none is stored the job may live, and the watcher goes on."""
+        with self._lock:
+            look, self._look_for_exit = self._look_for_exit, False
+        if look and _exit_stored(store, self.run):
+            with self._lock:
+                if self._exited_at is None:
+                    self._exited_at = self._mono()
 
     def serve(self, store: Store, sub_store: Store) -> int:
         """Run until the run is over or stop is set; 0 normally, 1 when the sidecar refuses us."""
@@ -316,11 +366,12 @@ class Watcher:
                 endpoints = self._supervise(store)
                 if endpoints is not None and sub is None:
                     sub = Subscriber(sub_store, endpoints, on_events=self.on_events,
-                                     renew_every_s=renew_every_s())
+                                     renew_every_s=renew_every_s(), expect_run=self.run)
                     thread = threading.Thread(target=self._follow, args=(sub, failure),
                                               name=f"subscriber-{self.run}", daemon=True)
                     thread.start()
                 if sub is not None:
+                    self._exit_from_store(store)
                     self._check_silence(store)
                     self._check_group(store)
                     if self.done(sub) or (thread is not None and not thread.is_alive()):
@@ -425,7 +476,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("usage: python -m controller.watcher RUN", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    f = files(args[0])
+    try:
+        f = files(args[0])
+    except boxtrust.Untrusted as e:
+        print(f"controller.watcher: refused: {e}", file=sys.stderr)
+        return 2
     fd = os.open(f.lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -436,7 +491,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with Store.open() as store, Store.open() as sub_store:
         info = store.run(args[0])
         run = str(info["run"])
-        watcher = Watcher(run, make_link(store, info))
+        try:
+            watcher = Watcher(boxtrust.run_id(run), make_link(store, info))
+        except boxtrust.Untrusted as e:
+            log.error("refused to watch %r: %s", run[:80], e)
+            f.pid.unlink(missing_ok=True)
+            return 2
 
         def stop(signum: int, frame: Optional[FrameType]) -> None:
             watcher.stop.set()

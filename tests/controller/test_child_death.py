@@ -128,8 +128,6 @@ def test_a_push_over_ssh_dies_with_a_killed_rgt(big: Path, tmp_path: Path, sshbo
     assert rgt.survivors() == []
 
 
-@pytest.mark.xfail(strict=True, reason="controller/pull.py run_rsync must pass "
-                   "preexec_fn=pidlock.dies_with_us() to its Popen; then drop this mark")
 def test_the_pull_rsync_dies_with_a_killed_rgt(big: Path, tmp_path: Path, fake_rgt: List[FakeRgt]) -> None:
     dest = tmp_path / "dest"
     dest.mkdir()
