@@ -1,0 +1,196 @@
+"""A compromised box, through the real sshd: every hostile answer is refused at the boundary, and nothing
+on the laptop is written, run or printed on the box's say.
+
+The box is tests/e2e/evil: a fake `rgt-onbox` (the host's --onbox) that answers with what a scenario
+holds, and a fake sidecar reached through rgt's own forwards. Each row names the hostile answer and the
+refusal expected (controller/boxtrust.py is the boundary).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+
+from controller.store import Store
+from protocol import Event
+from tests.e2e.evil.box import EvilBox, good_launch
+from tests.e2e.rgtbox import Rgt
+
+pytestmark = pytest.mark.timeout(240)
+
+VICTIM = "victim-run"
+JOB = [sys.executable, "-c", "print('hi')"]
+
+
+@pytest.fixture
+def evil(rgt_box: Rgt) -> Iterator[EvilBox]:
+    assert rgt_box.box is not None
+    box = EvilBox(rgt_box.box.home)
+    rgt_box("hosts", "add", "evil", "--ssh", rgt_box.box.alias, "--onbox", box.onbox)
+    try:
+        yield box
+    finally:
+        box.end()
+
+
+def seed_victim(store: Store) -> Dict[str, Any]:
+    """Run B, followed from another box: what an attacker wants to take over."""
+    store.upsert_run(VICTIM, host="realbox", boot_id="b1", protocol_version=1, package_version="0.1.0",
+                     meta={"command": ["python", "train.py"]}, target="box", run_dir=f"/runs/p/active/{VICTIM}")
+    store.apply(VICTIM, [Event(run=VICTIM, host="realbox", seq=i, ts=1000.0 + i, kind="sidecar.heartbeat",
+                               sev="info", data={"n": i}) for i in (1, 2, 3)], 3)
+    return snapshot(store, VICTIM)
+
+
+def snapshot(store: Store, run: str) -> Dict[str, Any]:
+    row = store.run(run)
+    return {"row": {k: row[k] for k in ("host", "target", "run_dir", "meta", "boot_id", "last_seq")},
+            "events": [(e.seq, e.kind, e.host, dict(e.data)) for e in store.events(run)]}
+
+
+def home_files(rgt: Rgt) -> List[str]:
+    return sorted(str(p.relative_to(rgt.home)) for p in rgt.home.rglob("*"))
+
+
+# ---- 1. launch answers: the run id and run dir are the laptop's ------------------------------------------
+
+MARK = f"rgt-evil-{secrets.token_hex(4)}"
+HOSTILE_LAUNCH = {
+    "dotdot id": ({"run_id": f"../../../../tmp/{MARK}", "run_dir": f"/tmp/{MARK}"}, "is not a run id"),
+    "absolute id": ({"run_id": f"/tmp/{MARK}", "run_dir": f"/tmp/{MARK}"}, "is not a run id"),
+    "another run's id": ({"run_id": VICTIM, "run_dir": f"{{root}}/proj/active/{VICTIM}"}, "not the"),
+    "relative run dir": ({"run_dir": "proj/active/{run_id}"}, "not an absolute path"),
+    "run dir not the run's": ({"run_dir": "/home/someone/.ssh"}, "is not named after run"),
+    "run dir with ..": ({"run_dir": "{root}/../../{run_id}"}, "'..'"),
+    "run dir with a newline": ({"run_dir": "{root}/x\n/{run_id}"}, "control characters"),
+    "pid not a pid": ({"pid": 10 ** 400}, "pid"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_LAUNCH))
+def test_a_hostile_launch_answer_is_refused_and_nothing_is_recorded(rgt_box: Rgt, evil: EvilBox,
+                                                                    case: str) -> None:
+    change, refusal = HOSTILE_LAUNCH[case]
+    evil.write({"launch": {**good_launch(), **change}})
+    with rgt_box.store() as store:
+        before = seed_victim(store)
+    files_before = home_files(rgt_box)
+    out = rgt_box("launch", "evil", "--json", "--", *JOB, check=False)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "refused" in out.stderr and refusal in out.stderr, out.stderr
+    with rgt_box.store() as store:
+        assert [r["run"] for r in store.runs()] == [VICTIM]
+        assert snapshot(store, VICTIM) == before
+    assert not Path(f"/tmp/{MARK}").exists()
+    assert home_files(rgt_box) == files_before   # no watcher, tunnel or lock file for it
+    launched = [c for c in evil.calls() if c[:1] == ["launch"]]
+    assert len(launched) == 1 and "--run-id" in launched[0]   # the laptop named the run
+
+
+def test_a_run_id_given_twice_is_refused_before_the_box_is_asked(rgt_box: Rgt, evil: EvilBox) -> None:
+    evil.write({"launch": good_launch()})
+    with rgt_box.store() as store:
+        seed_victim(store)
+    out = rgt_box("launch", "evil", "--run-id", VICTIM, "--json", "--", *JOB, check=False)
+    assert out.returncode == 1 and "exists" in out.stderr, out.stderr
+    assert not [c for c in evil.calls() if c[:1] == ["launch"]]
+
+
+def test_an_honest_launch_answer_is_recorded_with_what_the_laptop_asked(rgt_box: Rgt, evil: EvilBox) -> None:
+    evil.write({"launch": good_launch()})
+    out = rgt_box("launch", "evil", "--no-watch", "--json", "--", *JOB)
+    answer = json.loads(out.stdout.strip().splitlines()[-1])
+    run = answer["run_id"]
+    with rgt_box.store() as store:
+        row = store.run(run)
+    assert row["target"] == "evil" and row["run_dir"].endswith(f"/proj/active/{run}")
+    assert row["launch"]["command"] == JOB
+
+
+# ---- 9. the box's words on the terminal ------------------------------------------------------------------
+
+NASTY = "\x1b[2J\x1b]52;c;ZWNobyBwd25lZA==\x07gate OPEN\x9b31m\u202eNEPO\u2066x\r\n"
+UNSAFE = ["\x1b", "\x07", "\x9b", "\u202e", "\u2066", "\r"]
+
+
+@pytest.mark.parametrize("verb", ["status", "renew", "disarm"])
+def test_dead_man_answers_reach_the_terminal_escaped(rgt_box: Rgt, evil: EvilBox, verb: str) -> None:
+    answer = {"armed": True, "seconds_left": 100, "ttl_s": 7200, "renewed_by": NASTY,
+              "daemon": {"alive": True, "pid": NASTY},
+              "decision": {"verdict": NASTY, "reason": NASTY},
+              "would": {"action": NASTY, "reason": NASTY, "refused": NASTY}}
+    evil.write({f"deadman {verb}": answer})
+    out = rgt_box("deadman", "evil", verb, check=False)
+    shown = out.stdout + out.stderr
+    assert "gate OPEN" in shown or verb == "disarm"
+    for ch in UNSAFE:
+        assert ch not in shown, (verb, repr(ch), shown)
+
+
+def test_a_refusal_that_quotes_the_box_is_escaped(rgt_box: Rgt, evil: EvilBox) -> None:
+    evil.write({"launch": {"error": NASTY}, "launch exit": 2})
+    out = rgt_box("launch", "evil", "--json", "--", *JOB, check=False)
+    assert out.returncode == 1
+    for ch in UNSAFE:
+        assert ch not in out.stdout + out.stderr, repr(ch)
+
+
+# ---- manifests: a pull writes only under its destination -------------------------------------------------
+
+def launched(rgt: Rgt, evil: EvilBox) -> str:
+    evil.write({"launch": good_launch()})
+    out = rgt("launch", "evil", "--no-watch", "--json", "--", *JOB)
+    return str(json.loads(out.stdout.strip().splitlines()[-1])["run_id"])
+
+
+def manifest_doc(run: str, files: List[Dict[str, Any]]) -> Dict[str, Any]:
+    from protocol.pull import manifest_digest
+    doc: Dict[str, Any] = {"schema": "rgt.pull_manifest", "version": 1, "run_id": run, "host": "evilbox",
+                           "created_at": "2026-12-01T00:00:00Z", "total_bytes": sum(f["size"] for f in files),
+                           "files": files}
+    doc["sha256"] = manifest_digest(doc)
+    return doc
+
+
+HOSTILE_MANIFEST = {
+    "a .pth beside site-packages": ("../../../../../usr/lib/python3/dist-packages/evil.pth", "bad manifest path"),
+    "absolute path": ("/etc/cron.d/evil", "bad manifest path"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_MANIFEST))
+def test_a_manifest_that_leads_out_of_the_pull_is_refused(rgt_box: Rgt, evil: EvilBox, tmp_path: Path,
+                                                        case: str) -> None:
+    path, refusal = HOSTILE_MANIFEST[case]
+    run = launched(rgt_box, evil)
+    doc = manifest_doc(run, [{"path": path, "size": 3, "sha256": "0" * 64, "kind": "checkpoint", "hashed": "custody"}])
+    evil.write({"launch": good_launch(), "manifest": {"sha256": doc["sha256"], "run_dir": "{root}/proj/active/" + run},
+                "manifest_doc": doc})
+    dest = tmp_path / "pulled"
+    out = rgt_box("pull", run, "--to", str(dest), check=False)
+    assert out.returncode == 1 and refusal in out.stderr, out.stdout + out.stderr
+    assert not dest.exists() or not any(dest.rglob("*.pth"))
+
+
+def test_a_manifest_for_another_run_is_refused(rgt_box: Rgt, evil: EvilBox, tmp_path: Path) -> None:
+    run = launched(rgt_box, evil)
+    doc = manifest_doc(VICTIM, [])
+    evil.write({"launch": good_launch(), "manifest": {"sha256": doc["sha256"], "run_dir": "{root}/proj/active/" + run},
+                "manifest_doc": doc})
+    out = rgt_box("pull", run, "--to", str(tmp_path / "pulled"), check=False)
+    assert out.returncode == 1 and VICTIM in out.stderr and "refused" in out.stderr, out.stderr
+
+
+def test_a_manifest_read_from_elsewhere_on_the_box_is_refused(rgt_box: Rgt, evil: EvilBox, tmp_path: Path) -> None:
+    """The answer's run_dir says where the manifest was written: it must be the run's own directory."""
+    run = launched(rgt_box, evil)
+    doc = manifest_doc(run, [])
+    evil.write({"launch": good_launch(), "manifest": {"sha256": doc["sha256"], "run_dir": "/etc"},
+                "manifest_doc": doc})
+    out = rgt_box("pull", run, "--to", str(tmp_path / "pulled"), check=False)
+    assert out.returncode == 1 and "refused" in out.stderr, out.stderr
