@@ -2,6 +2,14 @@
 
 The only controller module that imports zmq. It moves frames; what they mean
 is the subscriber's business.
+
+The box is not trusted, so what it can make this process hold is bounded: libzmq drops the
+connection of a peer that sends a part over ZMQ_MAXMSGSIZE (an event frame on the SUB, any
+reply frame on the DEALER), the RCVHWMs bound how many messages wait, and a reply of more parts
+than a since reply can have is read part by part and dropped, never handed on. libzmq itself
+holds a multipart message whole before the first part can be read (its delivery is atomic), so
+one reply still costs up to MAX_REPLY_FRAMES frames in libzmq until it is dropped here: only a
+reply's per-frame size is capped on the wire, not its part count.
 """
 from __future__ import annotations
 
@@ -10,12 +18,19 @@ import logging
 from typing import List, Optional, Tuple
 
 import zmq  # noqa: TID251 (the zmq seam)
-from protocol import MAX_FRAME_BYTES
+from protocol import MAX_EVENT_BYTES, MAX_FRAME_BYTES
+from protocol.codec import MAX_REPLY_FRAMES
 from protocol.endpoints import Endpoints
 
 log = logging.getLogger(__name__)
 
 _DRAIN_MAX = 2000
+# Replies read in one poll: far more than the one request a subscriber has in flight.
+_REPLIES_MAX = 64
+# Complete replies libzmq may queue: the subscriber asks one thing at a time.
+_DEALER_RCVHWM = 64
+# ZMQ_MAXMSGSIZE is per part; a frame over it is what no sidecar sends: the peer is dropped.
+_SLACK = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,18 +61,21 @@ class Link:
         self._sub: Optional[zmq.Socket[bytes]] = None
         self._dealer: Optional[zmq.Socket[bytes]] = None
         self._poller = zmq.Poller()
+        self.dropped_replies = 0   # replies of more than MAX_REPLY_FRAMES parts, dropped unread
 
     def open(self) -> None:
         self._ctx = zmq.Context()
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, 100_000)
-        sub.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 1024)
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_EVENT_BYTES + _SLACK)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         dealer = self._ctx.socket(zmq.DEALER)
         # Queue nothing for a peer that is not connected: a request sent into a
         # dead link is refused at once and retried, never delivered stale.
         dealer.setsockopt(zmq.IMMEDIATE, 1)
         dealer.setsockopt(zmq.SNDHWM, 16)
+        dealer.setsockopt(zmq.RCVHWM, _DEALER_RCVHWM)
+        dealer.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + _SLACK)
         for sock in (sub, dealer):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
@@ -91,11 +109,13 @@ class Link:
         live: List[bytes] = []
         replies: List[List[bytes]] = []
         if self._dealer in ready:
-            while True:
+            while len(replies) < _REPLIES_MAX:
                 try:
-                    replies.append(self._dealer.recv_multipart(zmq.NOBLOCK))
+                    reply = self._recv_reply(self._dealer)
                 except zmq.Again:
                     break
+                if reply is not None:
+                    replies.append(reply)
         if self._sub in ready:
             while len(live) < _DRAIN_MAX:
                 try:
@@ -103,6 +123,26 @@ class Link:
                 except zmq.Again:
                     break
         return live, replies
+
+    def _recv_reply(self, dealer: zmq.Socket[bytes]) -> Optional[List[bytes]]:
+        """One reply, part by part; None (dropped, counted) past MAX_REPLY_FRAMES parts."""
+        frames = [dealer.recv(zmq.NOBLOCK)]
+        extra = 0
+        while dealer.getsockopt(zmq.RCVMORE):
+            try:
+                if len(frames) < MAX_REPLY_FRAMES:
+                    frames.append(dealer.recv(zmq.NOBLOCK))
+                else:
+                    dealer.recv(zmq.NOBLOCK, copy=False)  # read to free it; never kept
+                    extra += 1
+            except zmq.Again:  # pragma: no cover - the parts of one message arrive together
+                break
+        if extra:
+            self.dropped_replies += 1
+            log.warning("dropped a control reply of %d parts (at most %d)", len(frames) + extra,
+                        MAX_REPLY_FRAMES)
+            return None
+        return frames
 
     def close(self) -> None:
         for sock in (self._sub, self._dealer):

@@ -241,7 +241,7 @@ def identity(event: AnyEvent) -> str:
     for name in IDENT_FIELDS:
         value = event.data.get(name)
         if value is not None and not isinstance(value, (dict, list)):
-            parts.append(str(value))
+            parts.append(_str(value))
     return "/".join(parts)
 
 
@@ -374,6 +374,19 @@ def severity(sev: str) -> int:
 # or error text can neither move the cursor nor add lines.
 
 
+def _huge(value: Any) -> str:
+    """An integer past 64 bits by its size (Python prints none over 4300 digits), else ''."""
+    return f"(an integer of {value.bit_length():,} bits)" if type(value) is int and abs(value) >> 64 else ""
+
+
+def _str(value: Any) -> str:
+    """str(value) that never raises: a huge integer by its size, anything unprintable by its type."""
+    try:
+        return _huge(value) or str(value)
+    except Exception:  # box data: a list of huge integers, a broken __str__
+        return f"({type(value).__name__})"
+
+
 def number(value: Any) -> str:
     """1,204 / 0.5123 / NaN / Inf: a value as a person reads it."""
     if isinstance(value, str) and value.lower() in ("nan", "inf", "+inf", "-inf"):
@@ -383,19 +396,19 @@ def number(value: Any) -> str:
             return "NaN" if math.isnan(value) else ("Inf" if value > 0 else "-Inf")
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
-    return str(value)
+        return _huge(value) or f"{value:,}"
+    return _str(value)
 
 
 def seconds(value: Any) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return "?"
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or _huge(value):
+        return f"{_huge(value)} s" if _huge(value) else "?"
     return f"{value:,.0f} s" if value >= 10 else f"{value:.3g} s"
 
 
 def size(value: Any) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return "?"
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or _huge(value):
+        return f"{_huge(value)} B" if _huge(value) else "?"
     for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if abs(value) >= scale:
             return f"{value / scale:.1f} {unit}"
@@ -403,12 +416,12 @@ def size(value: Any) -> str:
 
 
 def signal_name(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int) and not isinstance(value, bool) and not _huge(value):
         try:
             return f"{value} ({signal.Signals(value).name})"
         except ValueError:
             return str(value)
-    return str(value)
+    return _str(value)
 
 
 class _Fields(Dict[str, Any]):
@@ -423,11 +436,11 @@ class _Fields(Dict[str, Any]):
             return _at(self)
         if key == "where":
             gpu, pci = self.get("gpu"), self.get("pci")
-            return (f"GPU {gpu}" if gpu is not None else "a GPU") + (f" ({pci})" if pci else "")
+            return (f"GPU {_str(gpu)}" if gpu is not None else "a GPU") + (f" ({_str(pci)})" if pci else "")
         if value is None:
             return "?"
         if isinstance(value, list):
-            return ", ".join(map(str, value)) or "?"
+            return ", ".join(map(_str, value)) or "?"
         if key.endswith("bytes"):
             return size(value)
         return seconds(value) if key.endswith("_s") else number(value)
@@ -445,7 +458,7 @@ def _exited(d: Mapping[str, Any], duration: str) -> str:
         head = "the job vanished without an exit record"
         head += " (OOM kill counted)" if d.get("oom_killed") else ""
     elif d.get("oom_killed"):
-        what = f"signal {signal_name(sig)}" if sig else f"code {code}"
+        what = f"signal {signal_name(sig)}" if sig else f"code {_str(code)}"
         limit = d.get("oom_limit")
         head = (f"the job was OOM-killed ({what}): limit hit: {limit}" if isinstance(limit, str) and limit
                 else f"the job was OOM-killed ({what})")
@@ -456,10 +469,10 @@ def _exited(d: Mapping[str, Any], duration: str) -> str:
     elif code == 0 and d.get("final_ok") is not False:
         head = "the job finished cleanly (code 0)"
     else:
-        head = f"the job exited with code {code}"
+        head = f"the job exited with code {_str(code)}"
     reasons = d.get("final_reasons")
     if code == 0 and d.get("final_ok") is False:
-        why = "; ".join(map(str, reasons)) if isinstance(reasons, list) and reasons else "see its events"
+        why = "; ".join(map(_str, reasons)) if isinstance(reasons, list) and reasons else "see its events"
         return f"{head}{duration}, but the run failed: {why}"
     return head + duration
 
@@ -480,7 +493,7 @@ def stack_lines(d: Mapping[str, Any], limit: int = 8) -> List[str]:
         if isinstance(threads, list) and threads and isinstance(threads[0], Mapping):
             first = threads[0]
         frames = first.get("frames") if isinstance(first.get("frames"), list) else []
-        body = " < ".join(str(f)[:120] for f in frames[:4]) if frames else str(s.get("error") or "no stack")
+        body = " < ".join(_str(f)[:120] for f in frames[:4]) if frames else _str(s.get("error") or "no stack")
         out.append(printable(f"{who}: {body}")[:300])
     return out
 
@@ -488,14 +501,14 @@ def stack_lines(d: Mapping[str, Any], limit: int = 8) -> List[str]:
 def _stalled(d: Mapping[str, Any]) -> str:
     if d.get("verdict") == "stopped (SIGSTOP)":
         return "process {stopped_pids} of the job is stopped (SIGSTOP, state T): nothing runs until SIGCONT"
-    text = "no progress for {idle_s} (budget {budget_s}){at}; verdict {verdict}" + (
+    line = "no progress for {idle_s} (budget {budget_s}){at}; verdict {verdict}" + (
         ", GPU {gpu_util_pct}% busy" if d.get("gpu_util_pct") is not None else "") + (
         " on every node; {first_node} stopped first" if d.get("scope") == "all nodes" else "")
     hang = d.get("hang")
     if isinstance(hang, Mapping) and isinstance(hang.get("detail"), str):
-        return text + "; " + str(hang["detail"]).replace("{", "(").replace("}", ")")
+        return line + "; " + str(hang["detail"]).replace("{", "(").replace("}", ")")
     lines = stack_lines(d, 1)
-    return text + ("; " + lines[0].replace("{", "(").replace("}", ")") if lines else "")
+    return line + ("; " + lines[0].replace("{", "(").replace("}", ")") if lines else "")
 
 
 def _silent(d: Mapping[str, Any]) -> str:
@@ -550,16 +563,19 @@ _TEMPLATES: Dict[str, Template] = {
 
 
 def explain(event: AnyEvent, job_started_at: Optional[float] = None) -> str:
-    """One printable line that says what happened (box text escaped, at most EXPLAIN_MAX chars)."""
+    """One printable line saying what happened (box text escaped, <= EXPLAIN_MAX chars); never raises."""
     d = event.data
     template = _TEMPLATES.get(event.kind)
-    if event.kind == "job.exited":
-        took = event.ts - job_started_at if job_started_at is not None else None
-        text = _exited(d, f" after {seconds(took)}" if took is not None and took >= 0 else "")
-    elif template is not None:
-        text = (template if isinstance(template, str) else template(d)).format_map(_Fields(d))
-    else:
-        text = f"{event.kind} ({event.sev}): {summarize(d, 120)}"
+    try:
+        if event.kind == "job.exited":
+            took = event.ts - job_started_at if job_started_at is not None else None
+            text = _exited(d, f" after {seconds(took)}" if took is not None and took >= 0 else "")
+        elif template is not None:
+            text = (template if isinstance(template, str) else template(d)).format_map(_Fields(d))
+        else:
+            text = f"{event.kind} ({event.sev}): {summarize(d, 120)}"
+    except Exception as e:  # odd stored data: say so rather than fail the watch
+        text = f"{_str(event.kind)} ({_str(event.sev)}): its data could not be shown ({type(e).__name__})"
     text = printable(text)
     return text if len(text) <= EXPLAIN_MAX else text[: EXPLAIN_MAX - 3] + "..."
 

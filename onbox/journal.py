@@ -17,6 +17,7 @@ fsync: at once for warn/critical events, otherwise at most every
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import json
 import logging
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 
 from protocol import Event, ProtocolError, decode_event, default_sev, encode_event
+from protocol.codec import has_lone_surrogate, without_surrogates
 
 from .fsutil import fsync_dir
 
@@ -86,6 +88,7 @@ class Journal:
         self._lost: Optional[Tuple[int, int]] = None
         self.torn_recoveries = 0
         self.bad_lines = 0
+        self.repaired_strings = 0   # events journaled with U+FFFD for a lone surrogate
 
     # ---- opening ----------------------------------------------------------
 
@@ -216,7 +219,16 @@ class Journal:
         event = Event(run=self.run, host=self.host, seq=self._last_seq + 1,
                       ts=self._clock() if ts is None else ts, kind=kind,
                       sev=sev or default_sev(kind), data=dict(data or {}))
-        frame = encode_event(event)  # ProtocolError leaves the seq unused
+        try:
+            frame = encode_event(event)  # ProtocolError leaves the seq unused
+        except ProtocolError:
+            # Box text UTF-8 cannot carry (a lone surrogate: a file name os.fsdecode kept, a JSON
+            # escape in a file the job wrote) is journaled with U+FFFD, not lost with its event.
+            if not has_lone_surrogate(event.data):
+                raise
+            self.repaired_strings += 1
+            event = dataclasses.replace(event, data=without_surrogates(event.data))
+            frame = encode_event(event)
         self._last_seq = event.seq
         if self._ring:
             self._ring_push(event.seq, frame)

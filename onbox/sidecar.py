@@ -116,7 +116,10 @@ class Sidecar:
         self._lock_fd = -1
         self._threads: List[threading.Thread] = []
         self._scheduler: Optional[Scheduler] = None
-        self.counters = {"requests": 0, "refused": 0, "too_large": 0}
+        # refused: answered with an error reply; request_errors: a bug, answered as "internal";
+        # requests_dropped: not even an error reply could be encoded, so nothing was sent.
+        self.counters = {"requests": 0, "refused": 0, "too_large": 0, "request_errors": 0,
+                         "requests_dropped": 0}
         self.monitor = HealthMonitor(
             MonitorConfig(run_dir=self.run_dir, job_pid=config.job_pid, gpu=config.gpu,
                           gpu_sample_s=config.gpu_sample_s,
@@ -227,36 +230,52 @@ class Sidecar:
     # ---- control ----------------------------------------------------------
 
     def handle(self, frames: List[bytes]) -> List[bytes]:
-        """One request to its reply frames; never raises."""
+        """One request to its reply frames; never raises. [] means: drop it, answer nothing (not
+        even an error reply could be encoded); the caller then sends nothing."""
         self.counters["requests"] += 1
         try:
-            req = decode_request(frames)
-            if isinstance(req, Hello):
-                return encode_reply(HelloReply(
-                    id=req.id, protocol_version=PROTOCOL_VERSION, package_version=PACKAGE_VERSION,
-                    boot_id=self.boot_id, host=self.host, run=self.run_id,
-                    run_meta=self.meta, last_seq=self.journal.last_seq,
-                    oldest_seq=self.journal.oldest_seq,
-                ))
-            if isinstance(req, Manifest):
-                return self._manifest(req)
-            if isinstance(req, Renew):
-                return self._renew(req)
-            with self._emit_lock:  # a consistent (events, last_seq) pair
-                events, more = self.journal.read_since(req.seq, req.limit, PAGE_BYTES)
-                last, oldest = self.journal.last_seq, self.journal.oldest_seq
-            return encode_reply(SinceReply(id=req.id, events=(), more=more, last_seq=last,
-                                           oldest_seq=oldest), events)
+            return self._answer(frames)
         except ProtocolError as e:
             self.counters["refused"] += 1
             if e.code == "too_large":
                 self.counters["too_large"] += 1
             log.info("refused a control request: %s", e)
-            return encode_reply(ErrorReply(id=request_id_of(frames) if e.code != "too_large" else "",
-                                           code=e.code, message=str(e)))
+            rid = request_id_of(frames) if e.code != "too_large" else ""
+            return self._error(rid, e.code, str(e))
         except Exception as e:  # a request boundary: answer, log, keep serving
+            self.counters["request_errors"] += 1
             log.exception("control request failed")
-            return encode_reply(ErrorReply(id="", code="internal", message=f"{type(e).__name__}: {e}"))
+            return self._error("", "internal", f"{type(e).__name__}: {e}")
+
+    def _error(self, rid: str, code: str, message: str) -> List[bytes]:
+        """An error reply, or [] (dropped, counted) when even that cannot be encoded."""
+        for attempt in ((rid, message), ("", message.encode("ascii", "backslashreplace").decode("ascii"))):
+            try:
+                return encode_reply(ErrorReply(id=attempt[0], code=code, message=attempt[1]))
+            except Exception:  # the last resort below drops the request
+                continue
+        self.counters["requests_dropped"] += 1
+        log.warning("dropped a control request: no error reply could be encoded")
+        return []
+
+    def _answer(self, frames: List[bytes]) -> List[bytes]:
+        req = decode_request(frames)
+        if isinstance(req, Hello):
+            return encode_reply(HelloReply(
+                id=req.id, protocol_version=PROTOCOL_VERSION, package_version=PACKAGE_VERSION,
+                boot_id=self.boot_id, host=self.host, run=self.run_id,
+                run_meta=self.meta, last_seq=self.journal.last_seq,
+                oldest_seq=self.journal.oldest_seq,
+            ))
+        if isinstance(req, Manifest):
+            return self._manifest(req)
+        if isinstance(req, Renew):
+            return self._renew(req)
+        with self._emit_lock:  # a consistent (events, last_seq) pair
+            events, more = self.journal.read_since(req.seq, req.limit, PAGE_BYTES)
+            last, oldest = self.journal.last_seq, self.journal.oldest_seq
+        return encode_reply(SinceReply(id=req.id, events=(), more=more, last_seq=last,
+                                       oldest_seq=oldest), events)
 
     def _renew(self, req: Renew) -> List[bytes]:
         """Renew the box's dead-man lease for the controller (it never arms one)."""
@@ -264,7 +283,7 @@ class Sidecar:
             armed, expires_at, ttl_s, state = self.deadman.renew(req.ttl_s)
         except (OSError, ValueError) as e:
             log.exception("renew failed")
-            return encode_reply(ErrorReply(id=req.id, code="internal", message=f"renew: {e}"))
+            return self._error(req.id, "internal", f"renew: {e}")
         return encode_reply(RenewReply(id=req.id, armed=armed, expires_at=expires_at, ttl_s=ttl_s,
                                        state=state))
 
@@ -279,18 +298,18 @@ class Sidecar:
             doc = build_manifest(self.run_dir, host=self.host, extra_includes=req.includes)
             save_manifest(self.run_dir, doc)
         except ManifestError as e:
-            return encode_reply(ErrorReply(id=req.id, code="refused", message=str(e)))
+            return self._error(req.id, "refused", str(e))
         except OSError as e:
             log.exception("manifest failed")
-            return encode_reply(ErrorReply(id=req.id, code="internal", message=f"manifest: {e}"))
+            return self._error(req.id, "internal", f"manifest: {e}")
         try:
             return encode_reply(ManifestReply(id=req.id, path=MANIFEST_REL, sha256=doc["sha256"],
                                               files=len(doc["files"]), total_bytes=doc["total_bytes"],
                                               doc=doc))
         except ProtocolError as e:  # over the reply cap: the file is there, fetch it instead
-            return encode_reply(ErrorReply(id=req.id, code=e.code, message=(
+            return self._error(req.id, e.code, (
                 f"{e}; the manifest ({len(doc['files'])} files, sha256 {doc['sha256']}) was written to "
-                f"{MANIFEST_REL}: fetch that file instead")))
+                f"{MANIFEST_REL}: fetch that file instead"))
 
     # ---- jobs -------------------------------------------------------------
 

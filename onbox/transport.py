@@ -175,7 +175,8 @@ class EventServer:
             pass  # no room for a slow subscriber: it repairs the gap with `since`
 
     def serve(self, handler: Handler, stop: threading.Event, poll_ms: int = 200) -> None:
-        """Answer control requests until `stop` is set. The handler never raises."""
+        """Answer control requests until `stop` is set. The handler should never raise; one that
+        does loses only the request it was answering, and an empty reply is sent as nothing."""
         assert self._router is not None
         router = self._router
         poller = zmq.Poller()
@@ -188,7 +189,13 @@ class EventServer:
                     msg = router.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                reply = handler(msg[1:])
+                try:
+                    reply = handler(msg[1:])
+                except Exception:  # a handler bug must not end the serve loop (and the sidecar)
+                    log.exception("control handler raised; request dropped")
+                    continue
+                if not reply:
+                    continue  # the handler dropped it: not even an error reply could be encoded
                 try:
                     router.send_multipart([msg[0], *reply], zmq.NOBLOCK)
                 except zmq.ZMQError as e:  # the peer is gone or too slow; it will ask again

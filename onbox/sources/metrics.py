@@ -18,8 +18,9 @@ inode stays the same); the next lines are then read from the middle of the new c
 
 `MetricsSource` parses the lines: an object becomes a `Record` (step, epoch and numeric scalars; the
 strings "nan"/"inf"/"-inf" our protocol writes and JSON's NaN/Infinity become non-finite floats; one
-level of nesting is flattened as "outer/inner"). Anything else (not JSON, not an object, overlong) is
-a bad line: counted, the first kept as a short example.
+level of nesting is flattened as "outer/inner"). Anything else (not JSON, not an object, overlong, a
+lone surrogate escape such as `\\ud800`, which no event could carry) is a bad line: counted, the first
+kept as a short example.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from protocol.codec import has_lone_surrogate
 
 MAX_NAME = 64          # characters of a scalar name kept
 MAX_SCALARS = 64       # scalars kept from one line
@@ -334,9 +337,11 @@ class MetricsSource(TailSource):
     def parse(self, line: bytes) -> Tuple[Optional[Record], bool]:
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, over 4300 digits, too deep
             return None, True
         if not isinstance(obj, dict):
+            return None, True
+        if b"\\u" in line and has_lone_surrogate(obj):  # a `\ud800` escape: not UTF-8 text
             return None, True
         return record_from_mapping(obj, self.name), False
 

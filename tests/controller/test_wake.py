@@ -312,3 +312,51 @@ def test_a_hung_group_names_the_node_that_stopped_first() -> None:
     w = classify(local("job.stalled", state="onset", verdict="hung", scope="all nodes", first_node="n1",
                        idle_s=40.0, budget_s=30.0), P, NOW, {})
     assert w is not None and w.explain.endswith("verdict hung on every node; n1 stopped first")
+
+
+# ---- odd stored data (issue 15): a watch must still end with its wake -------------------------
+
+HUGE = 10 ** 400          # what a hostile box stored before the codec bounded integers
+HUGER = 10 ** 5000        # past Python's own 4300-digit str() limit
+ODD = dict(step=HUGE, value=HUGER, name="loss\ud800", idle_s=HUGE, budget_s=HUGER, bytes=HUGE,
+           used_bytes=HUGER, pids=[HUGER, 1], code=HUGER, signal=HUGE, gpu=HUGER, pci=HUGER,
+           silent_s=HUGE, heartbeat_interval_s=1e-300, final_reasons=[HUGER], avail_bytes=HUGER,
+           stacks=[{"pid": HUGER, "threads": [{"frames": [HUGER]}]}], reason=HUGER)
+
+
+@pytest.mark.parametrize("kind", sorted(wake._TEMPLATES) + ["job.exited", "some.future.kind"])
+def test_explain_never_raises_on_odd_stored_data(kind: str) -> None:
+    text = wake.explain(ev(kind, "critical", **ODD), job_started_at=NOW - 100)
+    assert text and "\n" not in text and len(text) <= wake.EXPLAIN_MAX
+    text.encode("utf-8")  # printable: no lone surrogate reaches the terminal
+    w = classify(ev(kind, "critical", **ODD), P, NOW, {})
+    if w is not None:
+        assert w.explain == text or kind == "job.exited"
+
+
+def test_huge_numbers_are_shown_by_their_size() -> None:
+    assert wake.number(HUGE) == "(an integer of 1,329 bits)"
+    assert wake.seconds(HUGER) == "(an integer of 16,610 bits) s"
+    assert wake.size(-HUGE) == "(an integer of 1,329 bits) B"
+    assert wake.number((1 << 64) - 1) == "18,446,744,073,709,551,615"
+    assert wake.signal_name(HUGE) == "(an integer of 1,329 bits)"
+    assert wake.explain(ev("train.nonfinite", "critical", **{**NAN, "step": HUGE})) == (
+        "loss is NaN at step (an integer of 1,329 bits) (metrics)")
+    assert wake.explain(ev("job.exited", "warn", code=HUGER)) == (
+        "the job exited with code (an integer of 16,610 bits)")
+
+
+class Unreadable(dict):  # type: ignore[type-arg]
+    """Stored data that fails whatever reads it."""
+
+    def items(self) -> Any:
+        raise RuntimeError("unreadable")
+
+    def get(self, *_: Any) -> Any:
+        raise RuntimeError("unreadable")
+
+
+@pytest.mark.parametrize("kind", ["some.future.kind", "gpu.xid", "job.exited"])
+def test_explain_of_data_it_cannot_show_says_so(kind: str) -> None:
+    odd = Event(run=RUN, host="box1", seq=1, ts=NOW, kind=kind, sev="warn", data=Unreadable())
+    assert wake.explain(odd) == f"{kind} (warn): its data could not be shown (RuntimeError)"

@@ -9,7 +9,7 @@ from typing import List
 import pytest
 
 from onbox.journal import CURRENT, Journal, read_all
-from protocol import decode_event
+from protocol import ProtocolError, decode_event
 from tests.helpers import Clock
 
 
@@ -188,3 +188,27 @@ def test_short_write_is_cut_back_never_a_torn_line(tmp_path: Path) -> None:
     kinds = [e["kind"] for e in read_all(tmp_path / "rgt")]
     assert kinds == ["train.progress", "train.progress", "sidecar.degraded", "sidecar.recovered"]
     assert all(json.loads(line) for line in (tmp_path / "rgt" / CURRENT).read_bytes().splitlines())
+
+
+def test_a_lone_surrogate_in_box_text_is_journaled_as_u_fffd_not_lost(tmp_path: Path) -> None:
+    # os.fsdecode keeps a non-UTF-8 file name as lone surrogates; a JSON "\ud800" escape in a file
+    # the job wrote decodes to one. Neither may cost the event, nor stop its detector for good.
+    j = make(tmp_path)
+    published = j.append("ckpt.saved", {"path": "ckpt-\udcff.pt", "tags": ["a\ud800"], "lo\udfffss": 1})
+    (ev, frame), = published
+    assert ev.seq == 1 and j.repaired_strings == 1
+    assert ev.data == {"path": "ckpt-\ufffd.pt", "tags": ["a\ufffd"], "lo\ufffdss": 1}
+    assert decode_event(frame) == ev
+    (ev2, _), = j.append("heartbeat", {"ok": True})
+    j.close()
+    assert ev2.seq == 2 and seqs(tmp_path / "rgt") == [1, 2]
+
+
+def test_an_event_the_codec_refuses_leaves_no_gap(tmp_path: Path) -> None:
+    j = make(tmp_path)
+    j.append("heartbeat")
+    with pytest.raises(ProtocolError, match="integer out of range"):
+        j.append("train.progress", {"step": 1 << 64})
+    (ev, _), = j.append("heartbeat")
+    j.close()
+    assert ev.seq == 2 and seqs(tmp_path / "rgt") == [1, 2]

@@ -69,6 +69,14 @@ def test_hello_and_since(client: Client, sidecar: SidecarProcess) -> None:
     ([b'{"v":1,"id":"q","op":"format_disk"}'], "unknown_op"),
     ([b'{"v":2,"id":"q","op":"hello"}'], "version"),
     ([b"x" * (10 << 20)], "too_large"),
+    # Issue 15: a lone surrogate id used to make the error reply raise and the sidecar exit.
+    ([b'{"v":1,"id":"\\ud800","op":"format_disk"}'], "bad_request"),
+    ([b'{"v":1,"id":"\\ud800","op":"hello"}'], "bad_request"),
+    ([b'{"v":1,"id":"q","op":"hello","client":"\\udfff"}'], "bad_request"),
+    ([b'{"v":1,"id":"q","op":"since","seq":' + b"9" * 400 + b"}"], "bad_request"),
+    ([b'{"v":1,"id":"q","op":"renew","ttl_s":' + b"9" * 5000 + b"}"], "bad_request"),
+    ([b'{"v":1,"id":"' + b"x" * 300 + b'","op":"hello"}'], "bad_request"),
+    ([b'{"v":1,"id":"q","op":"' + b"o" * 200_000 + b'"}'], "unknown_op"),
 ])
 def test_bad_requests_get_error_replies_and_the_daemon_keeps_serving(
         client: Client, frames: List[bytes], code: str) -> None:
@@ -203,6 +211,27 @@ def test_full_disk_degrades_keeps_serving_and_flushes_when_space_returns(tmp_pat
     seqs = [e["seq"] for e in read_all(run_dir / "rgt")]
     assert seqs == list(range(1, len(seqs) + 1))
     assert all(json.loads(line) for line in (run_dir / "rgt" / CURRENT).read_bytes().splitlines())
+
+
+def test_a_metrics_line_with_a_lone_surrogate_is_a_bad_line_not_the_end_of_progress(tmp_path: Path) -> None:
+    # One `\ud800` escape in metrics.jsonl used to make every later train.progress fail to encode.
+    run_dir = tmp_path / "active" / "run-m"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_bytes(b'{"step": 1, "lo\\ud800ss": 0.5}\n{"step": 2, "loss": 0.25}\n')
+    sc = SidecarProcess(run_dir, "--gpu", "none", "--no-kmsg").start()
+    try:
+        progress = wait_until(lambda: [e for e in read_all(run_dir / "rgt") if e["kind"] == "train.progress"],
+                              what="train.progress")
+        c = Client(Endpoints.read(run_dir / "rgt"))
+        try:
+            hello_ok(c)
+        finally:
+            c.close()
+    finally:
+        sc.stop()
+    assert progress[0]["data"]["step"] == 2 and progress[0]["data"]["scalars"] == {"loss": 0.25}
+    kinds = [e["kind"] for e in read_all(run_dir / "rgt")]
+    assert "sidecar.degraded" not in kinds and "sidecar.stopping" in kinds
 
 
 def _live_kind(c: Client, kind: str) -> Event | None:

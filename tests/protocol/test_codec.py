@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from protocol import (
     MAX_DEPTH,
+    MAX_EVENT_BYTES,
     MAX_FRAME_BYTES,
     MAX_KEYS,
     PROTOCOL_VERSION,
@@ -19,6 +20,7 @@ from protocol import (
     ProtocolError,
     Since,
     SinceReply,
+    codec,
     decode_event,
     decode_json,
     decode_reply,
@@ -188,3 +190,162 @@ def test_fuzz_decoders_raise_only_protocol_error(raw: bytes) -> None:
             decode(raw)
         except ProtocolError:
             pass
+
+
+# ---- the box is untrusted: numbers, strings and sizes -------------------------------------------
+
+
+def raw_event(**fields: bytes) -> bytes:
+    """An event frame with some fields written as raw JSON text (what json.dumps would not write)."""
+    base = {"v": b"1", "run": b'"r"', "host": b'"h"', "seq": b"1", "ts": b"1.0", "kind": b'"heartbeat"',
+            "sev": b'"info"', "data": b"{}"}
+    base.update(fields)
+    return b"{" + b",".join(b'"%s":%s' % (k.encode(), v) for k, v in base.items()) + b"}"
+
+
+INT_OUT_OF_RANGE = r"^integer out of range \(.* bits\): integers in a frame fit in 64 bits$"
+
+
+@pytest.mark.parametrize("fields", [
+    {"ts": b"9" * 400},                     # was OverflowError from float(ts)
+    {"seq": b"9" * 400},
+    {"data": b'{"x":' + b"9" * 400 + b"}"},  # was stored, then broke wake.explain
+    {"data": b'{"x":[1,{"y":-' + b"9" * 30 + b"}]}"},
+    {"data": b'{"x":' + b"9" * 5000 + b"}"},  # over Python's own 4300-digit limit
+    {"data": b'{"x":%d}' % (1 << 64)},
+    {"data": b'{"x":%d}' % (-(1 << 63) - 1)},
+])
+def test_integers_past_64_bits_are_refused_anywhere_in_a_frame(fields: dict) -> None:
+    with pytest.raises(ProtocolError, match=INT_OUT_OF_RANGE):
+        decode_event(raw_event(**fields))
+
+
+def test_integers_at_the_64_bit_edges_are_kept() -> None:
+    got = decode_event(raw_event(data=b'{"u":%d,"s":%d}' % ((1 << 64) - 1, -(1 << 63))))
+    assert got.data == {"u": (1 << 64) - 1, "s": -(1 << 63)}
+    assert decode_event(encode_event(got)) == got
+    with pytest.raises(ProtocolError, match=INT_OUT_OF_RANGE):
+        encode_event(ev(big=1 << 64))
+
+
+@pytest.mark.parametrize("ts", [b"1e400", b"-1e400", b"-1.0", b"1e11", b"true", b'"1"'])
+def test_ts_must_be_finite_unix_seconds(ts: bytes) -> None:
+    with pytest.raises(ProtocolError, match="'ts'"):
+        decode_event(raw_event(ts=ts))
+
+
+def test_encoder_refuses_a_ts_the_decoder_would() -> None:
+    for bad in (math.inf, math.nan, -1.0, 1e12):
+        with pytest.raises(ProtocolError, match=r"^field 'ts' must be seconds in \[0, 1e\+11\)"):
+            encode_event(Event(run="r", host="h", seq=1, ts=bad, kind="k", sev="info"))
+
+
+SURROGATE = r"^a string holds a lone surrogate \(U\+D800\.\.U\+DFFF\), which UTF-8 cannot carry$"
+
+
+@pytest.mark.parametrize("raw", [
+    raw_event(data=b'{"x":"\\ud800"}'),
+    raw_event(data=b'{"x":["a", {"y":"b\\uDFFF"}]}'),
+    raw_event(data=b'{"lo\\udc80ss":1}'),          # a key
+    raw_event(run=b'"\\ud83d"'),                   # half a pair
+    raw_event(host=b'"\\ude00\\ud83d"'),           # a pair in the wrong order
+])
+def test_lone_surrogates_are_refused_by_the_decoder(raw: bytes) -> None:
+    with pytest.raises(ProtocolError, match=SURROGATE):
+        decode_event(raw)
+
+
+def test_surrogate_pairs_and_escaped_backslashes_are_fine() -> None:
+    got = decode_event(raw_event(data=b'{"emoji":"\\ud83d\\ude00","text":"\\\\ud800"}'))
+    assert got.data == {"emoji": "\U0001f600", "text": "\\ud800"}
+    assert decode_event(encode_event(got)) == got
+
+
+def test_encoders_raise_only_protocol_error_for_a_lone_surrogate() -> None:
+    with pytest.raises(ProtocolError, match=SURROGATE):
+        encode_event(ev(path="ckpt-\udcff.pt"))
+    with pytest.raises(ProtocolError, match=SURROGATE):
+        encode_reply(ErrorReply(id="\ud800", code="bad_request", message="x"))
+    with pytest.raises(ProtocolError, match=SURROGATE):
+        encode_request(Hello(id="a", client="\udfff"))
+
+
+def test_a_lone_surrogate_id_is_refused_and_has_no_id_to_echo() -> None:
+    frames = [b'{"v":1,"id":"\\ud800","op":"nope"}']
+    with pytest.raises(ProtocolError, match=SURROGATE):
+        decode_request(frames)
+    assert codec.request_id_of(frames) == ""
+
+
+def test_ids_are_bounded() -> None:
+    rid = "x" * (codec.MAX_ID_CHARS + 1)
+    frames = [json.dumps({"v": 1, "id": rid, "op": "hello"}).encode()]
+    with pytest.raises(ProtocolError, match=r"^field 'id' is longer than 256 characters$"):
+        decode_request(frames)
+    assert codec.request_id_of(frames) == ""
+    with pytest.raises(ProtocolError, match="longer than"):
+        decode_reply([json.dumps({"v": 1, "id": rid, "op": "error", "code": "x", "message": ""}).encode()])
+
+
+def test_event_frames_are_capped_at_the_event_size() -> None:
+    big = frame(data={"blob": "x" * MAX_EVENT_BYTES})
+    assert len(big) < MAX_FRAME_BYTES
+    with pytest.raises(ProtocolError, match=r"^event frame of \d+ bytes is over the 65536 byte cap$") as info:
+        decode_event(big)
+    assert info.value.code == "too_large"
+
+
+def test_replies_are_capped_in_frames() -> None:
+    header = encode_reply(SinceReply(id="s", events=(), more=False, last_seq=1, oldest_seq=1))[0]
+    frames = [header] + [encode_event(ev(1))] * codec.MAX_REPLY_FRAMES
+    with pytest.raises(ProtocolError, match=r"^a reply of 10002 frames is over the 10001 frame cap$") as info:
+        decode_reply(frames)
+    assert info.value.code == "too_large"
+    hello = encode_reply(HelloReply(id="1", protocol_version=1, package_version="0", boot_id="b", host="h",
+                                    run="r", run_meta={}, last_seq=0, oldest_seq=0))
+    with pytest.raises(ProtocolError, match=r"^a 'hello' reply is one frame, got 2$"):
+        decode_reply(hello + hello)
+    with pytest.raises(ProtocolError, match="at most 10000 events"):
+        encode_reply(SinceReply(id="s", events=(), more=False, last_seq=1, oldest_seq=1),
+                     [b"{}"] * (codec.MAX_SINCE_LIMIT + 1))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("expires_at", b"9" * 400), ("expires_at", b"1e400"), ("ttl_s", b"-5"), ("expires_at", b"1e12"),
+])
+def test_renew_reply_times_are_bounded(field: str, value: bytes) -> None:
+    body = {"v": b"1", "id": b'"r"', "op": b'"renew"', "armed": b"true", "expires_at": b"1.0",
+            "ttl_s": b"60", "state": b'"armed"'}
+    body[field] = value
+    raw = b"{" + b",".join(b'"%s":%s' % (k.encode(), v) for k, v in body.items()) + b"}"
+    with pytest.raises(ProtocolError, match=f"'{field}'|^integer out of range"):
+        decode_reply([raw])
+
+
+def test_reply_counts_are_not_negative() -> None:
+    hello = {"v": 1, "id": "1", "op": "hello", "protocol_version": 1, "package_version": "0", "boot_id": "b",
+             "host": "h", "run": "r", "last_seq": -1, "oldest_seq": 0}
+    with pytest.raises(ProtocolError, match=r"^field 'last_seq' must not be negative, got -1$"):
+        decode_reply([json.dumps(hello).encode()])
+
+
+@pytest.mark.parametrize("obj", [
+    None, [], "x", {"v": 1, "seq": 10 ** 400}, {1: 2}, {"v": 1, "data": {"x": "\ud800"}},
+    {"v": 1, "run": "r", "host": "h", "seq": 1, "ts": 10 ** 30, "kind": "k", "sev": "info", "data": {}},
+])
+def test_event_from_dict_raises_only_protocol_error(obj: object) -> None:
+    with pytest.raises(ProtocolError):
+        codec.event_from_dict(obj)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("encode", [
+    lambda: encode_reply(HelloReply(id="h", protocol_version=1, package_version="x", boot_id="b", host="h",
+                                    run="r", run_meta=None, last_seq=0, oldest_seq=0)),  # type: ignore[arg-type]
+    lambda: encode_reply(ErrorReply(id="a", code="x", message=None)),  # type: ignore[arg-type]
+    lambda: encode_event(Event(run="r", host="h", seq=1, ts=1.0, kind="k", sev="info", data=None)),  # type: ignore[arg-type]
+    lambda: encode_request(Since(id=None, seq=1)),  # type: ignore[arg-type]
+    lambda: encode_event(ev(deep=json.loads("[" * 100 + "]" * 100))),
+])
+def test_encoders_raise_only_protocol_error_for_objects_of_the_wrong_shape(encode: object) -> None:
+    with pytest.raises(ProtocolError):
+        encode()  # type: ignore[operator]
