@@ -90,7 +90,10 @@ def _value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}" if math.isfinite(value) else str(value)
     if isinstance(value, int):
-        return str(value)
+        try:
+            return str(value)
+        except ValueError:  # over Python's digit limit: stored by an older rgt, before the 64-bit cap
+            return f"(an integer of {value.bit_length()} bits)"
     if isinstance(value, str):
         return value if _BARE.fullmatch(value) else json.dumps(value, ensure_ascii=False)
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)

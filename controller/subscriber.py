@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 EventsHook = Callable[[Sequence[Event]], None]
 
 
+# Requests left unanswered in a row before the link is closed and opened again.
+REOPEN_AFTER = 3
+
+
 class SubscriberError(Exception):
     """The sidecar cannot be followed (e.g. it speaks another protocol version)."""
 
@@ -77,6 +81,7 @@ class SubscriberStats:
     since_requests: int = 0
     bad_frames: int = 0
     resends: int = 0
+    reopens: int = 0      # links opened afresh after REOPEN_AFTER unanswered requests
     gaps: int = 0
     renewals: int = 0     # dead-man lease renewals the sidecar confirmed
     refused: int = 0      # hellos refused (another run or host): nothing of them stored
@@ -106,6 +111,7 @@ class Subscriber:
         self.caught_up = False
         self.stats = SubscriberStats()
         self._pending: Optional[_Pending] = None
+        self._unanswered = 0
         self._last_activity = 0.0
         # The box's dead-man lease is renewed while someone follows the run (None: never).
         self.renew_every_s = renew_every_s
@@ -148,6 +154,14 @@ class Subscriber:
         if self._pending is not None:
             if now >= self._pending.deadline:
                 self.stats.resends += 1
+                self._unanswered += 1
+                if self._unanswered >= REOPEN_AFTER:
+                    # libzmq drops a peer that sent a part over the size cap and never reconnects
+                    # that socket: after a few unanswered requests, start the link afresh.
+                    self._unanswered = 0
+                    self.stats.reopens += 1
+                    self.link.close()
+                    self.link.open()
                 self._request(self._pending.op)
         elif self._renew_due(now):
             self._request("renew")
@@ -194,6 +208,7 @@ class Subscriber:
             return  # an answer to a request we already gave up on
         self._pending_op = self._pending.op
         self._pending = None
+        self._unanswered = 0
         self._last_activity = self._mono()
         if isinstance(reply, HelloReply):
             self._on_hello(reply)
@@ -259,13 +274,19 @@ class Subscriber:
     def _on_since(self, reply: SinceReply) -> None:
         self.remote_last_seq = max(self.remote_last_seq, reply.last_seq)
         fresh = [ev for ev in reply.events if ev.seq > self.cursor and self._ours(ev)]
+        missing = "not in the sidecar's journal"
+        if reply.refused:
+            self.stats.bad_frames += len(reply.refused)
+            log.warning("run %s: refused %d event frame(s) of a since page: %s", self.run,
+                        len(reply.refused), reply.refused[0])
+            missing = f"refused at the boundary: {reply.refused[0][:200]}"
         expected = self.cursor + 1
         for ev in fresh:
             if ev.seq > expected:
-                self._gap(expected, ev.seq - 1, "not in the sidecar's journal")
+                self._gap(expected, ev.seq - 1, missing)
             expected = ev.seq + 1
         if not fresh and not reply.more and reply.last_seq > self.cursor:
-            self._gap(self.cursor + 1, reply.last_seq, "not in the sidecar's journal")
+            self._gap(self.cursor + 1, reply.last_seq, missing)
             self._apply([], reply.last_seq)
         self.stats.replayed += len(fresh)
         if fresh:

@@ -64,6 +64,7 @@ class Link:
         self.dropped_replies = 0   # replies of more than MAX_REPLY_FRAMES parts, dropped unread
 
     def open(self) -> None:
+        self._poller = zmq.Poller()   # a reopened link polls only its new sockets
         self._ctx = zmq.Context()
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, 100_000)

@@ -393,6 +393,9 @@ class Watcher:
         except SubscriberError as e:
             log.error("%s", e)
             failure["error"] = str(e)
+        except Exception as e:  # whatever a box sent: the run's record says the follow broke
+            log.exception("following %s failed", self.run)
+            failure["error"] = f"rgt could not follow the sidecar: {type(e).__name__}: {str(e)[:300]}"
         finally:
             self.stop.set()
 

@@ -345,7 +345,7 @@ class Sidecar:
         """The job exited: let the training detectors read its last lines, then judge the run.
 
         The run failed when the job did, and also when a durable checkpoint copy
-        failed or the watched scalars were still NaN/Inf at the end, even if training
+        failed, a checkpoint is suspect (custody could not check it, or it failed), or the watched scalars were still NaN/Inf at the end, even if training
         exited 0. The verdict goes into the event and
         into rgt/final.json. Runs outside the emit lock: the detectors emit too.
         """
@@ -357,6 +357,8 @@ class Sidecar:
                            else "job exited without an exit code")
         if self.custody.sync_failed:
             reasons.append("a durable checkpoint copy failed (ckpt.sync_failed)")
+        # A checkpoint custody could not check is recorded as suspect, never left out: the run fails.
+        reasons += self.custody.verdict_reasons()
         nonfinite = self.training.status().get("nonfinite") or []
         if nonfinite:
             names = ", ".join(map(str, nonfinite))

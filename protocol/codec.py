@@ -476,12 +476,20 @@ def decode_reply(frames: Sequence[bytes]) -> Reply:
         count = _field(obj, "count", int)
         if count != len(frames) - 1:
             raise ProtocolError(f"since reply says {count} events but carries {len(frames) - 1}")
+        events: List[Event] = []
+        refused: List[str] = []
+        for frame in frames[1:]:
+            try:
+                events.append(decode_event(frame))
+            except ProtocolError as e:
+                refused.append(str(e)[:300])
         return SinceReply(
             id=rid,
-            events=tuple(decode_event(f) for f in frames[1:]),
+            events=tuple(events),
             more=bool(obj.get("more", False)),
             last_seq=_count(obj, "last_seq"),
             oldest_seq=_count(obj, "oldest_seq"),
+            refused=tuple(refused),
         )
     if op == "manifest":
         return _manifest_reply(rid, obj, frames)

@@ -64,6 +64,9 @@ class SinceReply:
     more: bool            # True: ask again from the last event's seq
     last_seq: int
     oldest_seq: int
+    # Why each event frame that did not decode was refused: one bad frame costs that event (a gap
+    # for the reader), never the page around it (a refused page would be asked for again forever).
+    refused: Tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

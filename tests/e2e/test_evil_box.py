@@ -194,3 +194,87 @@ def test_a_manifest_read_from_elsewhere_on_the_box_is_refused(rgt_box: Rgt, evil
                 "manifest_doc": doc})
     out = rgt_box("pull", run, "--to", str(tmp_path / "pulled"), check=False)
     assert out.returncode == 1 and "refused" in out.stderr, out.stderr
+
+
+# ---- 2, 5, 6, 7: the fake sidecar, reached through rgt's own forwards --------------------------------------
+
+def follow(rgt: Rgt, evil: EvilBox, sidecar: Dict[str, Any]) -> str:
+    """Launch on the evil box with a fake sidecar, a watcher following it; the run id."""
+    evil.write({"launch": good_launch(), "sidecar": sidecar})
+    out = rgt("launch", "evil", "--json", "--", *JOB)
+    return str(json.loads(out.stdout.strip().splitlines()[-1])["run_id"])
+
+
+def watcher_pid(run: str) -> int:
+    from controller.watcher import running_pid
+    pid = running_pid(run)
+    assert pid is not None
+    return pid
+
+
+def test_a_hello_for_another_run_is_refused_and_that_run_is_untouched(rgt_box: Rgt, evil: EvilBox) -> None:
+    from controller.watcher import running_pid
+    from onbox.runs import wait_for
+    with rgt_box.store() as store:
+        before = seed_victim(store)
+    run = follow(rgt_box, evil, {"run": VICTIM, "host": "realbox", "run_meta": {"command": ["evil"]},
+                                 "events": [{"seq": i, "frame": {**_event(i, VICTIM), "kind": "job.exited",
+                                                                 "data": {"code": 0}}} for i in (1, 2, 3, 4)]})
+    assert wait_for(lambda: running_pid(run) is None, 60.0), "the watcher kept following a refused sidecar"
+    with rgt_box.store() as store:
+        assert snapshot(store, VICTIM) == before
+        refusals = [e for e in store.local_events(run) if e.kind == "sidecar.degraded"]
+        assert refusals and "refused" in str(refusals[-1].data["error"]), refusals
+        assert VICTIM in str(refusals[-1].data["error"])
+        assert list(store.events(run)) == []
+
+
+def _event(seq: int, run: str = "{run_id}", kind: str = "sidecar.heartbeat") -> Dict[str, Any]:
+    return {"v": 1, "run": run, "host": "evilbox", "seq": seq, "ts": 1767225600.0 + seq, "kind": kind,
+            "sev": "info", "data": {"n": seq}}
+
+
+def _raw(seq: int, ts: str = "1767225600.5", data: str = '{"n": 1}') -> str:
+    return ('{"v": 1, "run": "{run_id}", "host": "evilbox", "seq": %d, "ts": %s, "kind": "train.progress",'
+            ' "sev": "info", "data": %s}') % (seq, ts, data)
+
+
+HOSTILE_EVENTS = {
+    "a 400-digit ts": _raw(2, ts="1" * 400),
+    "a 5000-digit integer in data": _raw(2, data='{"step": %s}' % ("9" * 5000)),
+    "a 30-digit integer in data": _raw(2, data='{"step": %s}' % ("9" * 30)),
+    "a lone surrogate in data": _raw(2, data='{"loss": "\\ud800"}'),
+    "a lone surrogate in kind": _raw(2).replace('"train.progress"', '"train.\\udfff"'),
+    "NaN as a bare constant": _raw(2, data='{"loss": NaN}'),
+    "nesting 100 deep": _raw(2, data="[" * 100 + "]" * 100),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_EVENTS))
+def test_a_hostile_event_is_refused_and_the_follow_goes_on(rgt_box: Rgt, evil: EvilBox, case: str) -> None:
+    """The bad frame never reaches the store; the events around it do, the watcher lives on, and
+    `rgt watch` keeps its contract (one JSON line)."""
+    from onbox.runs import wait_for
+    events = [{"seq": 1, "frame": _event(1)}, {"seq": 2, "frame": HOSTILE_EVENTS[case]},
+              {"seq": 3, "frame": _event(3)}]
+    run = follow(rgt_box, evil, {"run": "{run_id}", "events": events})
+    with rgt_box.store() as store:
+        assert wait_for(lambda: store.run(run)["last_seq"] >= 3, 60.0), store.run(run)
+        assert [e.seq for e in store.events(run)] == [1, 3]
+        assert [(g["first_seq"], g["last_seq"]) for g in store.gaps(run)] == [(2, 2)]
+    assert watcher_pid(run)
+    out = rgt_box("watch", run, "--json", "--timeout", "1s", check=False)
+    lines = [json.loads(line) for line in out.stdout.strip().splitlines()]
+    assert len(lines) == 1 and lines[0]["exit"] == out.returncode == 3, out.stdout + out.stderr
+
+
+def test_a_huge_reply_is_dropped_at_the_socket(rgt_box: Rgt, evil: EvilBox) -> None:
+    """A 64 MiB hello never lands in the watcher's memory: the socket's cap drops it."""
+    import psutil
+    from onbox.runs import wait_for
+    run = follow(rgt_box, evil, {"run": "{run_id}", "hello_pad_bytes": 64 * 1024 * 1024})
+    assert wait_for(lambda: sum(r.get("op") == "hello" for r in evil.requests()) >= 2, 60.0)
+    proc = psutil.Process(watcher_pid(run))
+    assert proc.memory_info().rss < 100 * 1024 * 1024, proc.memory_info().rss
+    with rgt_box.store() as store:
+        assert store.run(run)["host"] == ""    # no hello was taken
