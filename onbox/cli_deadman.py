@@ -65,13 +65,18 @@ def _left(seconds: Optional[float]) -> str:
     return f"{sign}{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s"
 
 
-def _lease_rows(doc: Optional[Dict[str, Any]], state: str, now: float) -> List[List[str]]:
+def _lease_rows(doc: Optional[Dict[str, Any]], state: str, now: float,
+                left: Optional[float] = None) -> List[List[str]]:
+    """LEFT: the time left by the boot clock where the caller has it (a wall-clock step moves
+    expires_at - now, never what the daemon judges by)."""
     if doc is None:
         return [["lease", state]]
     hours = doc.get("max_hours")
     budget = "-" if hours is None else f"{hours:g} h from {doc.get('budget_started_at') or 0:.0f}"
+    if left is None:
+        left = float(doc.get("expires_at") or 0.0) - now
     return [["lease", f"{state} (renewed by {doc.get('renewed_by')})"],
-            ["expires in", _left(float(doc.get("expires_at") or 0.0) - now)],
+            ["expires in", _left(left)],
             ["ttl / idle", f"{_left(doc.get('ttl_s'))} / {_left(doc.get('idle_s'))}"],
             ["budget", budget], ["profile", str(doc.get("profile") or "- (notify only)")],
             ["roots", ", ".join(doc.get("roots") or []) or "-"]]
@@ -157,6 +162,7 @@ def renew_command(ttl: Optional[float], by: str, as_json: bool) -> None:
 def status_command(as_json: bool) -> None:
     """The lease, the daemon, the time left, the last records, and what it would do now and why."""
     from .deadman import collect_runs, decide, paths_for, read_events, read_lease
+    from .deadmanclock import SYSTEM, seconds_left
     from .deadmand import daemon_pid, plan_action
 
     paths = paths_for()
@@ -174,8 +180,12 @@ def status_command(as_json: bool) -> None:
            "daemon": {"pid": pid, "alive": pid is not None},
            "seconds_left": decision.seconds_left, "budget_seconds_left": decision.budget_seconds_left,
            "decision": decision.to_dict(), "would": plan.to_dict() if plan else None, "events": events}
-    rows = [*_lease_rows(doc, read.state, now), ["daemon", f"pid {pid}" if pid else "not running"],
-            ["now", f"{decision.verdict}: {decision.reason}"]]
+    left = seconds_left(lease, now, SYSTEM) if lease is not None and lease.armed else None
+    if left is not None:
+        out["seconds_left"] = left
+    # A one-shot reading judged by the files' times now: the daemon judges by what it saw change.
+    rows = [*_lease_rows(doc, read.state, now, left), ["daemon", f"pid {pid}" if pid else "not running"],
+            ["now (estimate)", f"{decision.verdict}: {decision.reason}"]]
     if plan is not None:
         refused = f" ({plan.refused})" if plan.refused else ""
         rows.append(["would", f"{plan.action}: {plan.reason}{refused}"])

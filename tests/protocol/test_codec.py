@@ -349,3 +349,17 @@ def test_event_from_dict_raises_only_protocol_error(obj: object) -> None:
 def test_encoders_raise_only_protocol_error_for_objects_of_the_wrong_shape(encode: object) -> None:
     with pytest.raises(ProtocolError):
         encode()  # type: ignore[operator]
+
+
+def test_a_since_page_keeps_its_good_events_and_names_the_refused_one() -> None:
+    """One bad event frame costs that event, never the page: a refused page would be asked for forever."""
+    from protocol import SinceReply, decode_reply, encode_event, encode_reply
+    good = [encode_event(Event(run="r", host="h", seq=s, ts=1.0, kind="sidecar.heartbeat", sev="info"))
+            for s in (1, 3)]
+    bad = good[0].replace(b'"seq":1', b'"seq":2').replace(b'"ts":1.0', b'"ts":' + b"9" * 400)
+    frames = encode_reply(SinceReply(id="x", events=(), more=False, last_seq=3, oldest_seq=1),
+                          [good[0], bad, good[1]])
+    reply = decode_reply(frames)
+    assert isinstance(reply, SinceReply)
+    assert [e.seq for e in reply.events] == [1, 3]
+    assert len(reply.refused) == 1 and "integer out of range" in reply.refused[0]
