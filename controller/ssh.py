@@ -23,16 +23,14 @@ import posixpath
 import re
 import shlex
 import shutil
-import signal
 import stat
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator, List, Mapping, Optional, Protocol, Sequence
 
-from controller import paths, pidlock
+from controller import paths, procrun
 
 log = logging.getLogger(__name__)
 
@@ -136,27 +134,12 @@ def _unlink_socket(path: Path) -> None:
 
 def _execute(argv: Sequence[str], *, input: Optional[bytes] = None, timeout_s: float,
              capture_stdout: bool = True) -> subprocess.CompletedProcess[bytes]:
-    """Run argv in its own process group with a deadline; raise TimeoutExpired after
-    ending that group (which we started). It dies with this process (pidlock.dies_with_us):
-    a copy or session that outlived a killed rgt would go on alone. stderr goes to a temporary file, not a
-    pipe, so a background child that inherits it (ssh -f, a ProxyCommand) cannot
-    keep us waiting for EOF."""
-    with tempfile.TemporaryFile() as err:
-        with subprocess.Popen(
-            list(argv),
-            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE if capture_stdout else subprocess.DEVNULL,
-            stderr=err, start_new_session=True, preexec_fn=pidlock.dies_with_us(),
-        ) as proc:
-            try:
-                out, _ = proc.communicate(input, timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                raise
-        err.seek(0)
-        return subprocess.CompletedProcess(list(argv), proc.returncode, out or b"", err.read())
+    """procrun.execute (own process group, a deadline, dies with us, bounded output); a box that
+    prints without end is an SshError like any other failed command."""
+    try:
+        return procrun.execute(argv, input=input, timeout_s=timeout_s, capture_stdout=capture_stdout)
+    except procrun.OutputTooLarge as e:
+        raise SshError(str(e), hint="the box printed far more than any answer: look at it by hand") from None
 
 
 def _tail(data: bytes, lines: int = _STDERR_TAIL_LINES) -> str:

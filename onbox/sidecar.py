@@ -345,7 +345,8 @@ class Sidecar:
         """The job exited: let the training detectors read its last lines, then judge the run.
 
         The run failed when the job did, and also when a durable checkpoint copy
-        failed, a checkpoint is suspect (custody could not check it, or it failed), or the watched scalars were still NaN/Inf at the end, even if training
+        failed, a checkpoint is suspect (custody could not check it, or it failed), or the watched
+        scalars were still NaN/Inf at the end, even if training
         exited 0. The verdict goes into the event and
         into rgt/final.json. Runs outside the emit lock: the detectors emit too.
         """

@@ -8,7 +8,6 @@ refusal expected (controller/boxtrust.py is the boundary).
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import sys
 from pathlib import Path
@@ -41,7 +40,8 @@ def evil(rgt_box: Rgt) -> Iterator[EvilBox]:
 def seed_victim(store: Store) -> Dict[str, Any]:
     """Run B, followed from another box: what an attacker wants to take over."""
     store.upsert_run(VICTIM, host="realbox", boot_id="b1", protocol_version=1, package_version="0.1.0",
-                     meta={"command": ["python", "train.py"]}, target="box", run_dir=f"/runs/p/active/{VICTIM}")
+                     meta={"command": ["python", "train.py"]}, target="box",
+                     run_dir=f"/runs/p/active/{VICTIM}")
     store.apply(VICTIM, [Event(run=VICTIM, host="realbox", seq=i, ts=1000.0 + i, kind="sidecar.heartbeat",
                                sev="info", data={"n": i}) for i in (1, 2, 3)], 3)
     return snapshot(store, VICTIM)
@@ -157,8 +157,15 @@ def manifest_doc(run: str, files: List[Dict[str, Any]]) -> Dict[str, Any]:
     return doc
 
 
+def serve_manifest(evil: EvilBox, doc: Dict[str, Any], written_in: str) -> None:
+    """The box answers `rgt-onbox manifest` with DOC, saying it wrote it in WRITTEN_IN."""
+    evil.write({"launch": good_launch(), "manifest": {"sha256": doc["sha256"], "run_dir": written_in},
+                "manifest_doc": doc})
+
+
 HOSTILE_MANIFEST = {
-    "a .pth beside site-packages": ("../../../../../usr/lib/python3/dist-packages/evil.pth", "bad manifest path"),
+    "a .pth beside site-packages": ("../../../../../usr/lib/python3/dist-packages/evil.pth",
+                                    "bad manifest path"),
     "absolute path": ("/etc/cron.d/evil", "bad manifest path"),
 }
 
@@ -168,9 +175,9 @@ def test_a_manifest_that_leads_out_of_the_pull_is_refused(rgt_box: Rgt, evil: Ev
                                                         case: str) -> None:
     path, refusal = HOSTILE_MANIFEST[case]
     run = launched(rgt_box, evil)
-    doc = manifest_doc(run, [{"path": path, "size": 3, "sha256": "0" * 64, "kind": "checkpoint", "hashed": "custody"}])
-    evil.write({"launch": good_launch(), "manifest": {"sha256": doc["sha256"], "run_dir": "{root}/proj/active/" + run},
-                "manifest_doc": doc})
+    doc = manifest_doc(run, [{"path": path, "size": 3, "sha256": "0" * 64, "kind": "checkpoint",
+                              "hashed": "custody"}])
+    serve_manifest(evil, doc, "{root}/proj/active/" + run)
     dest = tmp_path / "pulled"
     out = rgt_box("pull", run, "--to", str(dest), check=False)
     assert out.returncode == 1 and refusal in out.stderr, out.stdout + out.stderr
@@ -180,18 +187,17 @@ def test_a_manifest_that_leads_out_of_the_pull_is_refused(rgt_box: Rgt, evil: Ev
 def test_a_manifest_for_another_run_is_refused(rgt_box: Rgt, evil: EvilBox, tmp_path: Path) -> None:
     run = launched(rgt_box, evil)
     doc = manifest_doc(VICTIM, [])
-    evil.write({"launch": good_launch(), "manifest": {"sha256": doc["sha256"], "run_dir": "{root}/proj/active/" + run},
-                "manifest_doc": doc})
+    serve_manifest(evil, doc, "{root}/proj/active/" + run)
     out = rgt_box("pull", run, "--to", str(tmp_path / "pulled"), check=False)
     assert out.returncode == 1 and VICTIM in out.stderr and "refused" in out.stderr, out.stderr
 
 
-def test_a_manifest_read_from_elsewhere_on_the_box_is_refused(rgt_box: Rgt, evil: EvilBox, tmp_path: Path) -> None:
+def test_a_manifest_read_from_elsewhere_on_the_box_is_refused(rgt_box: Rgt, evil: EvilBox,
+                                                              tmp_path: Path) -> None:
     """The answer's run_dir says where the manifest was written: it must be the run's own directory."""
     run = launched(rgt_box, evil)
     doc = manifest_doc(run, [])
-    evil.write({"launch": good_launch(), "manifest": {"sha256": doc["sha256"], "run_dir": "/etc"},
-                "manifest_doc": doc})
+    serve_manifest(evil, doc, "/etc")
     out = rgt_box("pull", run, "--to", str(tmp_path / "pulled"), check=False)
     assert out.returncode == 1 and "refused" in out.stderr, out.stderr
 
@@ -217,9 +223,10 @@ def test_a_hello_for_another_run_is_refused_and_that_run_is_untouched(rgt_box: R
     from onbox.runs import wait_for
     with rgt_box.store() as store:
         before = seed_victim(store)
+    exits = [{"seq": i, "frame": {**_event(i, VICTIM), "kind": "job.exited", "data": {"code": 0}}}
+             for i in (1, 2, 3, 4)]
     run = follow(rgt_box, evil, {"run": VICTIM, "host": "realbox", "run_meta": {"command": ["evil"]},
-                                 "events": [{"seq": i, "frame": {**_event(i, VICTIM), "kind": "job.exited",
-                                                                 "data": {"code": 0}}} for i in (1, 2, 3, 4)]})
+                                 "events": exits})
     assert wait_for(lambda: running_pid(run) is None, 60.0), "the watcher kept following a refused sidecar"
     with rgt_box.store() as store:
         assert snapshot(store, VICTIM) == before
@@ -235,8 +242,9 @@ def _event(seq: int, run: str = "{run_id}", kind: str = "sidecar.heartbeat") -> 
 
 
 def _raw(seq: int, ts: str = "1767225600.5", data: str = '{"n": 1}') -> str:
-    return ('{"v": 1, "run": "{run_id}", "host": "evilbox", "seq": %d, "ts": %s, "kind": "train.progress",'
-            ' "sev": "info", "data": %s}') % (seq, ts, data)
+    head = '{"v": 1, "run": "{run_id}", "host": "evilbox", "seq": SEQ, "ts": TS, "kind": "train.progress"'
+    text = (head + ', "sev": "info", "data": DATA}').replace("SEQ", str(seq)).replace("TS", ts)
+    return text.replace("DATA", data)
 
 
 HOSTILE_EVENTS = {
@@ -271,6 +279,7 @@ def test_a_hostile_event_is_refused_and_the_follow_goes_on(rgt_box: Rgt, evil: E
 def test_a_huge_reply_is_dropped_at_the_socket(rgt_box: Rgt, evil: EvilBox) -> None:
     """A 64 MiB hello never lands in the watcher's memory: the socket's cap drops it."""
     import psutil
+
     from onbox.runs import wait_for
     run = follow(rgt_box, evil, {"run": "{run_id}", "hello_pad_bytes": 64 * 1024 * 1024})
     assert wait_for(lambda: sum(r.get("op") == "hello" for r in evil.requests()) >= 2, 60.0)

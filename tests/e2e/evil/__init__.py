@@ -1,1 +1,1 @@
-"""A compromised box for the tests: a fake `rgt-onbox` and a fake sidecar that say what a scenario tells them."""
+"""A compromised box for the tests: a fake `rgt-onbox` and a fake sidecar that say what a scenario says."""

@@ -1,4 +1,4 @@
-"""Set up a compromised box on the real test sshd: the host's `--onbox` is evil/onbox.py reading a scenario."""
+"""A compromised box on the real test sshd: the host's `--onbox` is evil/onbox.py reading a scenario."""
 from __future__ import annotations
 
 import json

@@ -9,7 +9,6 @@ to run. `launch` may start the fake sidecar (evil/sidecar.py) in the background;
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

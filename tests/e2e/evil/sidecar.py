@@ -54,15 +54,16 @@ def main() -> int:
         extra: List[bytes] = []
         if op == "hello":
             head.update(protocol_version=1, package_version="0.1.0", boot_id=sc.get("boot_id", "evil-boot"),
-                        host=sc.get("host", "evilbox"), run=sc.get("run", ""), run_meta=sc.get("run_meta", {}),
-                        last_seq=last_seq, oldest_seq=1 if last_seq else 0)
+                        host=sc.get("host", "evilbox"), run=sc.get("run", ""),
+                        run_meta=sc.get("run_meta", {}), last_seq=last_seq, oldest_seq=1 if last_seq else 0)
             head.update(sc.get("hello_extra", {}))
             pad = int(sc.get("hello_pad_bytes", 0))
             if pad:
                 head["run_meta"] = {"pad": "x" * pad}
         elif op == "since":
             after = int(req.get("seq", 0))
-            extra = [_frame(e["frame"]) for e in events if int(e["seq"]) > after][:int(req.get("limit", 1000))]
+            limit = int(req.get("limit", 1000))
+            extra = [_frame(e["frame"]) for e in events if int(e["seq"]) > after][:limit]
             head.update(count=len(extra), more=False, last_seq=last_seq, oldest_seq=1 if last_seq else 0)
         else:
             head.update(op="error", code="unknown_op", message="the fake sidecar does not do that")
