@@ -35,6 +35,19 @@ def evil(rgt_box: Rgt) -> Iterator[EvilBox]:
         yield box
     finally:
         box.end()
+        stop_watchers(rgt_box)
+
+
+def stop_watchers(rgt: Rgt) -> None:
+    """End the watcher of every run this test's store knows (these runs are launched by hand, not
+    through Rgt.launch), by the pid its lock file names."""
+    from controller.watcher import running_pid, stop_watcher
+    from onbox.runs import wait_for
+    with rgt.store() as store:
+        runs = [str(r["run"]) for r in store.runs()]
+    for run in runs:
+        stop_watcher(run)
+        assert wait_for(lambda r=run: running_pid(r) is None, 15.0), f"the watcher of {run} did not end"
 
 
 def seed_victim(store: Store) -> Dict[str, Any]:
