@@ -132,8 +132,9 @@ def test_the_laptop_chooses_the_run_id_and_records_what_it_launched(store: Store
     assert call[call.index("--run-id") + 1] == run
     row = store.run(run)
     assert (row["target"], row["run_dir"], row["host"]) == ("local", f"{box.root}/proj/active/{run}", "")
-    assert row["launch"] == {"command": JOB, "cwd": None, "python": None, "code": None, "profile": None,
-                             "onbox_args": ["--env=X"], "host": "local"}
+    # On `local` the job runs in this process's cwd: that is recorded, for a resume to run there too.
+    assert row["launch"] == {"command": JOB, "cwd": os.getcwd(), "python": None, "code": None,
+                             "profile": None, "project": None, "onbox_args": ["--env=X"], "host": "local"}
 
 
 def test_a_given_run_id_is_checked_and_passed_as_is(store: Store, box: FakeBox) -> None:
