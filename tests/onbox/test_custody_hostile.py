@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import struct
+import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
@@ -84,6 +85,8 @@ def pull(run: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="this test also runs the laptop's verify, which needs "
+                    "Python 3.10+; the Python 3.9 leg checks the box side, the main leg runs it whole")
 def test_a_header_that_crashed_custody_is_a_recorded_suspect_and_fails_the_pull(
         custody: Callable[[], Harness], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     h = custody()
