@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import secrets
 import shlex
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+from protocol.ids import new_run_id
 
 from controller import boxtrust, codesync, install, status, wake
 from controller.install import LOCAL, InstallError, check_version, host_record, onbox_command
@@ -86,10 +86,6 @@ def _code_args(code: Code, where: Optional[str]) -> List[str]:
     return args
 
 
-def new_run_id(now: Optional[float] = None) -> str:
-    """20240601T120000Z-1a2b3c (the shape onbox/launch.py makes): sorts by start time, unique enough."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
-    return f"{stamp}-{secrets.token_hex(3)}"
 
 
 def recorded(store: Store, run: str) -> Optional[Dict[str, Any]]:

@@ -40,13 +40,12 @@ import hashlib
 import json
 import os
 import posixpath
-import secrets
 import shlex
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import profiles
+from protocol.ids import new_run_id
 from protocol.pull import FILENAME as PULL_MANIFEST
 from protocol.pull import is_temporary
 
@@ -138,10 +137,6 @@ class Plan:
         return out
 
 
-def new_run_id(now: Optional[float] = None) -> str:
-    """20240601T120000Z-1a2b3c, as rgt-onbox makes them."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
-    return f"{stamp}-{secrets.token_hex(3)}"
 
 
 # ---- what the run was -----------------------------------------------------------------------------

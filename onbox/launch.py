@@ -31,7 +31,6 @@ import dataclasses
 import json
 import os
 import re
-import secrets
 import shlex
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import profiles
 from protocol import PACKAGE_VERSION
+from protocol.ids import new_run_id
 
 from onbox import deadman, deadmand, manifest, resumeimport
 from onbox.fingerprint import write_fingerprint
@@ -184,10 +184,6 @@ class _Plan:
 # ---- planning -----------------------------------------------------------------------------------
 
 
-def new_run_id(now: Optional[float] = None) -> str:
-    """20240601T120000Z-1a2b3c: sorts by start time, unique enough, safe everywhere."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
-    return f"{stamp}-{secrets.token_hex(3)}"
 
 
 def _safe_name(text: str, fallback: str) -> str:

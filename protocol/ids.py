@@ -8,7 +8,9 @@ most 128 characters. Anything else is refused wherever an id arrives.
 from __future__ import annotations
 
 import re
-from typing import Any
+import secrets
+import time
+from typing import Any, Optional
 
 from .errors import ProtocolError
 
@@ -29,3 +31,10 @@ def check_run_id(value: Any, what: str = "run id") -> str:
                             f"starts with a letter or digit; no '..'; at most {MAX_RUN_ID_CHARS} "
                             "characters)")
     return str(value)
+
+
+def new_run_id(now: Optional[float] = None) -> str:
+    """20240601T120000Z-1a2b3c: sorts by start time, unique enough, and a run id by the grammar above.
+    The one maker for both sides: rgt-onbox's own launches, rgt launch and rgt resume."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    return f"{stamp}-{secrets.token_hex(3)}"
