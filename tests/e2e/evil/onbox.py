@@ -9,6 +9,7 @@ to run. `launch` may start the fake sidecar (evil/sidecar.py) in the background;
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -63,14 +64,14 @@ def main() -> int:
         (here / "sidecar.json").write_text(json.dumps(_fill(scenario["sidecar"], subs)))
         proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("sidecar.py")),
                                  str(here / "sidecar.json"), str(run_dir)],
-                                stdin=subprocess.DEVNULL, stdout=open(here / "sidecar.log", "ab"),
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=open(here / "sidecar.log", "ab"), start_new_session=True)
         (here / "sidecar.pid").write_text(str(proc.pid))
-        ready = here / "sidecar.ready"
-        import time
-        deadline = time.monotonic() + 20
-        while not ready.exists() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.02)  # the real launcher also waits for its sidecar to bind
+        # Like the real launcher, answer once the sidecar has bound: it says so on its stdout
+        # (a line, or EOF if it died first), waited for with a deadline.
+        assert proc.stdout is not None
+        if select.select([proc.stdout], [], [], 20)[0]:
+            proc.stdout.readline()
     if sub == "manifest" and scenario.get("manifest_doc") is not None:
         run_dir = Path(argv[1])
         (run_dir / "rgt").mkdir(parents=True, exist_ok=True)

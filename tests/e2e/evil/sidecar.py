@@ -37,7 +37,9 @@ def main() -> int:
     events: List[Dict[str, Any]] = sc.get("events", [])
     last_seq = max([int(e["seq"]) for e in events], default=0)
     log = open(scenario_path.with_name("requests.jsonl"), "a")
-    scenario_path.with_name("sidecar.ready").write_text("ready\n")
+    sys.stdout.write("ready\n")   # the fake onbox answers the launch once it reads this
+    sys.stdout.flush()
+    sys.stdout.close()
     deadline = time.monotonic() + LIFETIME_S
     while time.monotonic() < deadline:
         if not router.poll(200):
