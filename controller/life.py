@@ -1,0 +1,156 @@
+"""A run's life, one state machine that `rgt watch`, `rgt status`, `rgt runs`, the queue and the
+group verdict all read, so they never tell one run's ending two ways.
+
+    launched -> running -> finished | failed | stopped | preempted | vanished | lost
+
+    launched   the laptop launched (or tracks) it; nothing from the box is stored yet
+    running    box events are stored and no job exit is
+    finished   the job exited 0 and the sidecar's final verdict held
+    failed     it ended badly; `outcome` says how: nan, oom, final, error
+    stopped    it ended after a stop rgt was asked for (`rgt stop`, a queue cancel): by request,
+               whatever the exit code (143, the SIGTERM itself, or 0 after saving)
+    preempted  a SIGTERM nobody asked rgt for: job.preempted, job.exited preempted, or a 143 /
+               SIGTERM exit with no stop request
+    vanished   the job disappeared without an exit record (the box rebooted under it, ...)
+    lost       the sidecar said it stopped and no job exit is stored: nothing more will arrive
+
+Each state comes with its evidence (the event kind and seq or local id that moved it), so a
+reader can show why. A run resumed in place shares its journal with the attempts before it:
+only events after the newest job.started count.
+
+`ended` and `ok` are what most readers want: a finished or stopped run is not a failure, and
+`rgt watch` ends 0 on both (with "stopped_by" for a stop).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+from controller.store import LocalEvent, Store
+
+LAUNCHED, RUNNING = "launched", "running"
+FINISHED, FAILED, STOPPED, PREEMPTED, VANISHED, LOST = (
+    "finished", "failed", "stopped", "preempted", "vanished", "lost")
+ENDED = (FINISHED, FAILED, STOPPED, PREEMPTED, VANISHED, LOST)
+STATES = (LAUNCHED, RUNNING, *ENDED)
+SIGTERM = 15
+SIGTERM_CODES = (143, -SIGTERM)   # a shell's 128+15, and Python's returncode for the signal
+STOP_KIND = "run.stop_requested"  # the laptop's own record of a stop it asked the box for
+
+
+@dataclasses.dataclass(frozen=True)
+class Life:
+    """Where a run is in its life, with the evidence."""
+
+    state: str
+    outcome: str                      # finer than state: ok, stopped, preempted, nan, oom, final,
+    #                                   error, vanished, lost, running, launched
+    reason: str                       # one line, safe to print once box strings are printable()
+    evidence: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    stopped_by: Optional[str] = None  # who asked for the stop ("rgt stop", "rgt queue cancel", ...)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+    @property
+    def ok(self) -> bool:
+        """Not a failure: finished cleanly or stopped by request (a live run is not judged)."""
+        return self.state in (FINISHED, STOPPED)
+
+    def to_dict(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"state": self.state, "outcome": self.outcome, "reason": self.reason,
+                               "ended": self.ended, "ok": self.ok, "evidence": dict(self.evidence)}
+        if self.stopped_by:
+            out["stopped_by"] = self.stopped_by
+        return out
+
+
+def _is_sigterm(data: Mapping[str, Any]) -> bool:
+    code, sig = data.get("code"), data.get("signal")
+    return code in SIGTERM_CODES or sig == SIGTERM
+
+
+def exit_life(data: Mapping[str, Any], *, evidence: Optional[Mapping[str, Any]] = None,
+              stopped_by: Optional[str] = None, preempted: bool = False, nonfinite: bool = False) -> Life:
+    """How a job.exited (its data) ends the run.
+
+    stopped_by: the laptop recorded a stop request before this exit (the box's own
+    stop_requested flag counts as "rgt stop" when the laptop has no record). preempted:
+    a job.preempted came before it. nonfinite: a train.nonfinite onset came before it.
+    """
+    ev = dict(evidence or {})
+    reasons = [str(r) for r in data.get("final_reasons") or [] if isinstance(r, str)]
+    code, sig = data.get("code"), data.get("signal")
+    by = stopped_by or ("rgt stop" if data.get("stop_requested") is True else None)
+    if by is not None and not data.get("oom_killed"):
+        how = "exit code 0" if code == 0 else (f"exit code {code}" if code is not None else
+                                              f"signal {sig}" if sig is not None else "no exit code")
+        return Life(STOPPED, "stopped", f"stopped by request ({by}); the job ended with {how}", ev, by)
+    if nonfinite or any("non-finite" in r for r in reasons):
+        return Life(FAILED, "nan", "training went non-finite (train.nonfinite)", ev)
+    if data.get("oom_killed"):
+        return Life(FAILED, "oom", "the job was killed for memory (OOM)", ev)
+    if preempted or data.get("preempted") is True:
+        return Life(PREEMPTED, "preempted", "preempted: a SIGTERM nobody asked rgt for (job.preempted)", ev)
+    if code == 0 and data.get("final_ok") is not False:
+        return Life(FINISHED, "ok", "the job exited 0 and the final checks held", ev)
+    if code == 0:
+        return Life(FAILED, "final", "exited 0 but failed the final check: " + "; ".join(reasons), ev)
+    if data.get("vanished"):
+        rebooted = (data.get("evidence") or {}).get("rebooted")
+        return Life(VANISHED, "vanished", "the box rebooted under the job" if rebooted
+                    else "the job vanished without an exit record", ev)
+    if _is_sigterm(data):
+        return Life(PREEMPTED, "preempted", "preempted: the job ended by a SIGTERM (exit 143) and no stop "
+                    "was asked for", ev)
+    return Life(FAILED, "error", f"exit code {code}" if code is not None else f"killed by signal {sig}", ev)
+
+
+def stop_request(local: Sequence[LocalEvent], after_ts: float = 0.0) -> Optional[LocalEvent]:
+    """The laptop's newest stop request at or after after_ts, or None."""
+    found = None
+    for ev in local:
+        if ev.kind == STOP_KIND and ev.ts >= after_ts:
+            found = ev
+    return found
+
+
+def _stopped_by(request: Optional[LocalEvent]) -> Optional[str]:
+    if request is None:
+        return None
+    by = request.data.get("by")
+    return by if isinstance(by, str) and by else "rgt stop"
+
+
+def of_run(store: Store, run: str) -> Life:
+    """The life of a stored run, from its job.*, sidecar.stopping, train.nonfinite and the
+    laptop's stop requests, counting only the newest attempt."""
+    started = store.events(run, kind_prefix="job.started")
+    since = started[-1].seq - 1 if started else 0
+    since_ts = started[-1].ts if started else 0.0
+    local = store.local_events(run, kind_prefix=STOP_KIND)
+    exited = store.events(run, since=since, kind_prefix="job.exited", limit=1)
+    if exited:
+        end = exited[0]
+        before = [e for e in store.events(run, since=since, kind_prefix="job.preempted") if e.seq < end.seq]
+        nan = [e for e in store.events(run, since=since, kind_prefix="train.nonfinite")
+               if e.seq < end.seq and e.data.get("state", "onset") == "onset"]
+        request = stop_request(local, since_ts)
+        evidence: Dict[str, Any] = {"kind": end.kind, "seq": end.seq, "ts": end.ts}
+        if request is not None:
+            evidence["stop_request"] = {"id": request.id, "ts": request.ts}
+        return exit_life(end.data, evidence=evidence, stopped_by=_stopped_by(request),
+                         preempted=bool(before), nonfinite=bool(nan))
+    stopping = store.events(run, since=since, kind_prefix="sidecar.stopping")
+    if stopping:
+        last = stopping[-1]
+        return Life(LOST, "lost", "the sidecar stopped and no job exit is stored: nothing more will "
+                    "arrive; check the box", {"kind": last.kind, "seq": last.seq, "ts": last.ts})
+    if store.cursor(run) or started:
+        return Life(RUNNING, "running", "no job exit stored", {"cursor": store.cursor(run)})
+    return Life(LAUNCHED, "launched", "nothing from the box is stored yet", {})
+
+
+__all__ = ["ENDED", "FAILED", "FINISHED", "LAUNCHED", "LOST", "Life", "PREEMPTED", "RUNNING", "STATES",
+           "STOPPED", "STOP_KIND", "VANISHED", "exit_life", "of_run", "stop_request"]
