@@ -117,8 +117,8 @@ def authorize(store: Store, host: str, action: str, *, instance_id: str,
     if closed:
         first = closed[0]
         raise DeadmanError(f"the teardown gate of run {first.run} is closed: {first.gate.reason}",
-                           hint=f"rgt pull {first.run} and rgt verify DIR; rgt teardown {first.run} --plan "
-                                "shows every rule")
+                           hint=f"rgt pull {first.run}, then rgt verify {first.run}; "
+                                f"rgt teardown {first.run} --plan shows every rule")
     if typed is None or typed.strip() != host:
         raise DeadmanError(f"the typed host name does not match {host}: nothing was authorized",
                            hint=f"pass --yes {host} to confirm")

@@ -14,6 +14,7 @@ never on a command line. Every subprocess has a deadline.
 from __future__ import annotations
 
 import contextlib
+import enum
 import fcntl
 import fnmatch
 import hashlib
@@ -149,9 +150,32 @@ def _tail(data: bytes, lines: int = _STDERR_TAIL_LINES) -> str:
     return " | ".join(kept[-lines:])[-2000:]
 
 
-def classify(alias: str, stderr: bytes, returncode: Optional[int] = None) -> Optional[SshError]:
+class _FromEnv(enum.Enum):
+    """classify()'s default config: the one rgt's own ssh calls use, $RGT_SSH_CONFIG or none."""
+
+    CONFIG = 0
+
+
+FROM_ENV = _FromEnv.CONFIG
+
+
+def by_hand(alias: str, config_file: Optional[Path]) -> str:
+    """The ssh command a person runs to reach `alias` the way rgt does: with `-F FILE` when rgt
+    reads another config ($RGT_SSH_CONFIG), since plain `ssh alias` reads ~/.ssh/config, which may not
+    know the alias or may send it elsewhere."""
+    if config_file is None:
+        return f"ssh {shlex.quote(alias)}"
+    return f"ssh -F {shlex.quote(str(config_file))} {shlex.quote(alias)}"
+
+
+def classify(alias: str, stderr: bytes, returncode: Optional[int] = None, *,
+             config_file: Path | None | _FromEnv = FROM_ENV) -> Optional[SshError]:
     """The SshError subclass that ssh's stderr describes, or None when it names no
-    connection failure (then the remote command itself failed)."""
+    connection failure (then the remote command itself failed). `config_file` is the -F file the
+    failed call used (default: $RGT_SSH_CONFIG); the hints name it, so a command they give works."""
+    config = ssh_config_file() if isinstance(config_file, _FromEnv) else config_file
+    ssh_cmd = by_hand(alias, config)
+    where = f"`{alias}` in {config}" if config is not None else f"`{alias}` in ~/.ssh/config"
     text = "\n".join(line for line in stderr.decode("utf-8", "replace").splitlines()
                      if not line.startswith("Control socket connect("))
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or re.search(r"Host key for \S+ has changed", text):
@@ -161,12 +185,13 @@ def classify(alias: str, stderr: bytes, returncode: Optional[int] = None) -> Opt
             "(a changed key is never accepted automatically)",
             hint="a re-created box gets a new key, but so does an attack: verify the new key's fingerprint "
                  "with the provider (console or API), then remove the old entry yourself with "
-                 f"`{fix.group(0) if fix else f'ssh-keygen -R {alias}'}` and connect once with plain ssh",
+                 f"`{fix.group(0) if fix else f'ssh-keygen -R {shlex.quote(alias)}'}` and connect once "
+                 f"with `{ssh_cmd}`",
             returncode=returncode)
     if re.search(r"No \S+ host key is known for", text):
         return HostKeyUnknown(
             f"{alias}: no known_hosts entry for this host; refused under strict host key checking",
-            hint=f"connect once with plain `ssh {alias}`, check the fingerprint against the one the "
+            hint=f"connect once with `{ssh_cmd}`, check the fingerprint against the one the "
                  "provider shows, and accept it",
             returncode=returncode)
     if "Host key verification failed" in text:
@@ -176,7 +201,7 @@ def classify(alias: str, stderr: bytes, returncode: Optional[int] = None) -> Opt
     line = _first_line(text, ("Permission denied", "Too many authentication failures"))
     if line:
         return AuthFailed(f"{alias}: authentication failed: {line}",
-                          hint=f"check the User and IdentityFile of `{alias}` in ~/.ssh/config and that "
+                          hint=f"check the User and IdentityFile of {where} and that "
                                "the public key is in the box's authorized_keys",
                           returncode=returncode)
     line = _first_line(text, ("Connection refused", "timed out", "Could not resolve", "No route to host",
@@ -186,7 +211,7 @@ def classify(alias: str, stderr: bytes, returncode: Optional[int] = None) -> Opt
     if line:
         return Unreachable(f"{alias}: unreachable: {line}",
                            hint="the box may be stopped, or its address or port changed (many providers "
-                                f"assign new ones on restart): check the `{alias}` entry in ~/.ssh/config",
+                                f"assign new ones on restart): check the entry {where}",
                            returncode=returncode)
     return None
 
@@ -279,6 +304,10 @@ class Ssh:
             opts += ["-o", option]
         return opts
 
+    def _failure(self, stderr: bytes, returncode: Optional[int]) -> Optional[SshError]:
+        """classify() for this alias, its hints naming the config file these calls use."""
+        return classify(self.alias, stderr, returncode, config_file=self.config_file)
+
     def _client_options(self) -> List[str]:
         opts = self.options()
         for option in _CLIENT_OPTIONS:
@@ -307,7 +336,7 @@ class Ssh:
                 raise Unreachable(f"{self.alias}: no ssh connection within {timeout_s:g}s",
                                   hint="the box may be stopped or its address changed") from None
             if done.returncode != 0:
-                raise classify(self.alias, done.stderr, done.returncode) or SshError(
+                raise self._failure(done.stderr, done.returncode) or SshError(
                     f"{self.alias}: ssh master failed (exit {done.returncode}): {_tail(done.stderr)}",
                     returncode=done.returncode)
             pid = self.master_pid()
@@ -386,7 +415,7 @@ class Ssh:
             if b"No such file or directory" in done.stderr and not os.path.lexists(self.control_path):
                 raise SshError(f"{self.alias}: no ssh master runs, so nothing can be forwarded",
                                hint="start the master first (Ssh.start_master)", returncode=done.returncode)
-            raise classify(self.alias, done.stderr, done.returncode) or SshError(
+            raise self._failure(done.stderr, done.returncode) or SshError(
                 f"{self.alias}: could not forward {local_socket} to {remote_socket}: {_tail(done.stderr)}",
                 returncode=done.returncode)
 
@@ -415,7 +444,7 @@ class Ssh:
         except subprocess.TimeoutExpired:
             raise SshError(f"{self.alias}: remote command timed out after {timeout_s:g}s") from None
         if done.returncode == 255:
-            failure = classify(self.alias, done.stderr, 255)
+            failure = self._failure(done.stderr, 255)
             if failure is not None:
                 raise failure
         if check and done.returncode != 0:
@@ -453,14 +482,14 @@ class Ssh:
             if done.returncode == 0:
                 return
             if not re.search(rb"rsync: (command )?not found|rsync: No such file", done.stderr):
-                raise classify(self.alias, done.stderr, done.returncode) or SshError(
+                raise self._failure(done.stderr, done.returncode) or SshError(
                     f"{self.alias}: rsync failed (exit {done.returncode}): {_tail(done.stderr)}",
                     returncode=done.returncode)
             log.info("%s has no rsync; copying with scp", self.alias)
         argv = [self.scp_bin, "-q", "-p", "-r", "-S", self.ssh_bin, *self.options(), "--", *sources, target]
         done = self._copy(argv, "scp", timeout_s)
         if done.returncode != 0:
-            raise classify(self.alias, done.stderr, done.returncode) or SshError(
+            raise self._failure(done.stderr, done.returncode) or SshError(
                 f"{self.alias}: scp failed (exit {done.returncode}): {_tail(done.stderr)}",
                 returncode=done.returncode)
 
@@ -489,7 +518,7 @@ class Ssh:
         if done.returncode == 0:
             return dest
         missing = re.search(rb"rsync: (command )?not found|rsync: No such file", done.stderr)
-        raise classify(self.alias, done.stderr, done.returncode) or SshError(
+        raise self._failure(done.stderr, done.returncode) or SshError(
             f"{self.alias}: rsync of {src} failed (exit {done.returncode}): {_tail(done.stderr)}",
             hint="install rsync on the box (apt-get install -y rsync)" if missing else None,
             returncode=done.returncode)
