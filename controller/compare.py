@@ -12,13 +12,19 @@ launch set, the launcher's other environment as a whole, and the seed, which gat
 seed-named flag, config key and variable. A row may name no variable: shown, not counted (a config
 text that differs only in comments or masked values; our own monitor's package).
 
-Metrics: for each scalar both metrics.jsonl files hold, the values at the last step both reached
-(or at `--step`), B - A and (B - A) / |A|. Seed spread: runs whose every difference from A (or B) is
-the seed are its seed group: the other runs in the store for stored runs, the sibling directories
-of a directory. A group with two or more seeds that reached the compared step gives min, max and
-stdev of each metric there; |B - A| is inside the spread when it is at most max - min. When A and
-B differ only by the seed, the one group is A's without B (B's own value must not widen the spread
-it is measured against); otherwise A's group and B's group are measured and the wider counts.
+Metrics: for each scalar both metrics.jsonl files hold, the values at one step both logged: the
+last step both reached (or `--step`), never A at one step against B at another. When the runs'
+last steps differ the row says so (`note`); a metric with no step logged by both is refused (its
+step is null, with a warning). B - A and (B - A) / |A| follow.
+
+Seed spread: runs whose every difference from A (or B) is the seed are its seed group: the other
+runs in the store for stored runs, the sibling directories of a directory. A group with at least
+MIN_SEEDS seeds that reached the compared step gives min, max and stdev of each metric there;
+|B - A| is inside the spread when it is at most max - min. Fewer seeds estimate no spread (two
+values give one difference, no spread): the row then carries `spread_note` ("not enough seeds to
+estimate spread") and nothing is called inside or outside. When A and B differ only by the seed,
+the one group is A's without B (B's own value must not widen the spread it is measured against);
+otherwise A's group and B's group are measured and the wider counts.
 
 Warnings: more than one variable ("cannot attribute the difference to one change"), only the seed,
 nothing recorded differs, a run without a fingerprint, both runs dirty at the same commit, torn or
@@ -38,6 +44,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 from controller.compare_load import RunFacts, config_keys
 
 SEED = "seed"
+MIN_SEEDS = 3      # seeds a group needs at one step before it estimates a seed-to-seed spread
+NOT_ENOUGH = "not enough seeds to estimate spread"
 MONITOR_PACKAGE = "remote-gpu-trainer"
 # Variables set by the launcher itself; they differ between runs by design.
 LAUNCHER_ENV = frozenset({"PYTHONUNBUFFERED"})
@@ -333,6 +341,13 @@ def metric_rows(a: RunFacts, b: RunFacts, metric: Optional[str], step: Optional[
         common = set(ma.rows[name]) & set(mb.rows[name])
         at = (step if step in common else None) if step is not None else max(common, default=None)
         row: Dict[str, Any] = {"metric": name, "step": at, "a": None, "b": None, "diff": None, "rel": None}
+        last_a, last_b = max(ma.rows[name]), max(mb.rows[name])
+        if step is None and at is None:
+            warnings.append(f"{name}: no step logged by both runs (A logged steps {min(ma.rows[name])}-"
+                            f"{last_a}, B {min(mb.rows[name])}-{last_b}): not compared")
+        elif step is None and last_a != last_b:
+            row["note"] = (f"compared at step {at}, the last step both logged (A logged to step {last_a}, "
+                           f"B to step {last_b})")
         if at is not None:
             va, vb = ma.rows[name][at], mb.rows[name][at]
             diff = _number(vb - va) if math.isfinite(va) and math.isfinite(vb) else None
@@ -371,14 +386,20 @@ def seed_groups(a: RunFacts, b: RunFacts, only_seed: bool) -> List[Tuple[str, Li
             ("B", [b, *(s for s in found if _seed_only(b, s))])]
 
 
-def _spread(group: Sequence[RunFacts], metric: str, step: int) -> Optional[Dict[str, Any]]:
+def _seeds(group: Sequence[RunFacts], metric: str, step: int) -> Tuple[int, List[float]]:
+    """(distinct seeds, finite values) of a group's runs at one step."""
     values = [(seed_value(f), f.metrics().rows[metric][step]) for f in group
               if step in f.metrics().rows.get(metric, {})]
     numbers = [v for _, v in values if math.isfinite(v)]
-    seeds = {s for s, v in values if math.isfinite(v)}
-    if len(seeds) < 2 or len(numbers) < 2:
+    return len({s for s, v in values if math.isfinite(v)}), numbers
+
+
+def _spread(group: Sequence[RunFacts], metric: str, step: int) -> Optional[Dict[str, Any]]:
+    """min, max and stdev of a group with at least MIN_SEEDS seeds at `step`; else None."""
+    seeds, numbers = _seeds(group, metric, step)
+    if seeds < MIN_SEEDS or len(numbers) < MIN_SEEDS:
         return None
-    return {"runs": len(numbers), "seeds": len(seeds), "min": min(numbers), "max": max(numbers),
+    return {"runs": len(numbers), "seeds": seeds, "min": min(numbers), "max": max(numbers),
             "stdev": statistics.stdev(numbers)}
 
 
@@ -395,6 +416,10 @@ def add_spread(rows: List[Dict[str, Any]], groups: List[Tuple[str, List[RunFacts
             width = max(g["max"] - g["min"] for g in found)
             inside = None if row["diff"] is None else abs(row["diff"]) <= width
             row["spread"] = {"groups": found, "range": width, "inside": inside}
+        else:
+            most = max(_seeds(m, row["metric"], row["step"])[0] for _, m in groups)
+            row["spread_note"] = (f"{NOT_ENOUGH}: {most} seed{'s' if most != 1 else ''} at step "
+                                  f"{row['step']} per side, {MIN_SEEDS} needed")
 
 
 # ---- the report ---------------------------------------------------------------------------------
@@ -410,11 +435,15 @@ def _verdict(names: List[str], rows: List[Dict[str, Any]], warnings: List[str]) 
         warnings.insert(0, f"{len(names)} variables changed ({', '.join(names)}): cannot attribute "
                            "the difference to one change")
     elif names == [SEED]:
-        spread = [r for r in rows if r.get("spread") and r["spread"]["inside"] is not None]
-        where = "; ".join(f"{r['metric']} {'inside' if r['spread']['inside'] else 'OUTSIDE'} the "
-                          f"seed-to-seed spread" for r in spread)
-        warnings.insert(0, "only the seed differs: " + (where or "no seed group to measure the "
-                                                                 "seed-to-seed spread against"))
+        said = []
+        for r in rows:
+            if r.get("spread") and r["spread"]["inside"] is not None:
+                said.append(f"{r['metric']} {'inside' if r['spread']['inside'] else 'OUTSIDE'} the "
+                            "seed-to-seed spread")
+            elif r.get("spread_note"):
+                said.append(f"{r['metric']}: {r['spread_note']}")
+        warnings.insert(0, "only the seed differs: " + ("; ".join(said) or "no seed group to measure the "
+                                                                          "seed-to-seed spread against"))
     elif not names:
         warnings.insert(0, "nothing recorded differs: a metric difference is nondeterminism "
                            "(or something rgt does not record)")

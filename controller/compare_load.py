@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
+from protocol import metrics as schema
+
 from controller import install
 from controller.ssh import LocalShell, Ssh, SshError
 from controller.store import Store
@@ -32,8 +34,6 @@ METRICS_CAP_BYTES = 64 << 20
 JSON_CAP_BYTES = 8 << 20
 FETCH_TIMEOUT_S = 120.0
 MAX_SIBLINGS = 24
-# Scalars of metrics.jsonl that are not metrics: where the run is, and wall-clock time.
-NOT_METRICS = frozenset({"step", "epoch", "ts", "time", "timestamp", "wall_time", "wallclock"})
 _MISSING = 3   # exit code of the fetch command for a file that is not there
 
 Shell = Union[Ssh, LocalShell]
@@ -96,7 +96,8 @@ def _step(value: Any) -> Optional[int]:
 
 
 def parse_metrics(data: Optional[bytes], truncated: bool = False) -> Metrics:
-    """Every line that is a JSON object with an integer `step`; anything else is counted, not fatal."""
+    """Every line that is a JSON object with an integer `step`; anything else is counted, not fatal.
+    Only metrics are kept (`protocol.metrics`: no `time`, `timestamp`, `epoch_time` or counter)."""
     if data is None:
         return Metrics({}, missing=True)
     lines = data.split(b"\n")
@@ -116,9 +117,8 @@ def parse_metrics(data: Optional[bytes], truncated: bool = False) -> Metrics:
         if step is None:
             out.skipped += 1
             continue
-        for key, value in doc.items():
-            if key not in NOT_METRICS and isinstance(value, (int, float)) and not isinstance(value, bool):
-                out.rows.setdefault(str(key), {})[step] = float(value)
+        for key, value in schema.scalars(doc, finite=False).items():   # never step, epoch or a time field
+            out.rows.setdefault(key, {})[step] = value
     return out
 
 

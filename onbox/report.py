@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
+from onbox import hints
 from onbox.fsutil import fsync_dir
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -118,10 +119,14 @@ def save(obj: Any, name_or_path: PathLike, *, fmt: str = "torch", step: Optional
     """Save a checkpoint atomically and return its final path.
 
     A bare name goes into $RGT_CKPT_DIR (default ./checkpoints); a path with a directory is used as
-    given. ``{step}`` in the name is filled from `step` (safetensors also records it in its
-    metadata). The bytes go to a temp file ending in ``.tmp`` in the same directory, are flushed
-    and fsynced, renamed over the final name, and the directory is fsynced: a reader sees the old
-    file or the whole new one under the final name, never a part. On error the temp file is removed.
+    given. ``{step}`` in the name is filled from `step`. A `step` is recorded whatever the name says:
+    safetensors keeps it in its metadata, and under rgt (RGT_RUN_DIR set) a "checkpoint" hint naming
+    the final path and the step goes to <run>/rgt/hints.jsonl once the file is in place, so custody
+    knows the step of ``latest.pt`` too (not "step None").
+
+    The bytes go to a temp file ending in ``.tmp`` in the same directory, are flushed and fsynced,
+    renamed over the final name, and the directory is fsynced: a reader sees the old file or the
+    whole new one under the final name, never a part. On error the temp file is removed.
     """
     if fmt not in ("torch", "safetensors"):
         raise ValueError(f"fmt must be 'torch' or 'safetensors', not {fmt!r}")
@@ -144,6 +149,8 @@ def save(obj: Any, name_or_path: PathLike, *, fmt: str = "torch", step: Optional
             pass
         raise
     fsync_dir(final.parent)
+    if step is not None:
+        hints.write("checkpoint", str(final), step=int(step), framework="report")
     return final
 
 

@@ -15,7 +15,8 @@ at info (as `mem.pressure` does), except the stall, which clears as `job.progres
     MetricZeroDetector a metric exactly 0 over N evaluations while the loss falls -> train.metric_zero
     LossSpikeDetector  the loss beyond k sigma of its rolling window -> train.loss_spike
     ShortRunDetector   a clean exit far short of the expected steps/seconds -> train.short_run
-    ProgressReporter   latest step/epoch/scalars, steps/s, data age -> train.progress (rate-limited)
+    ProgressReporter   latest step/epoch/scalars, steps/s, data age -> train.progress (rate-limited);
+                       only metric names (`protocol.metrics`): never a time/timestamp field
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ import dataclasses
 import math
 import re
 from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+
+from protocol import metrics
 
 from onbox.detectors.hysteresis import CLEAR, ONSET, Finding, Hysteresis
 
@@ -71,7 +74,8 @@ def plain(value: float) -> Plain:
 
 
 def is_loss_name(name: str) -> bool:
-    return "loss" in name.lower()
+    """A loss-named metric (loss, eval_loss, train/loss): never a file name such as loss_utils.py."""
+    return metrics.is_loss_name(name)
 
 
 _GRAD_NORM = re.compile(r"^(?:global_)?grad(?:ient)?s?_?(?:[\d.]+_)?norm(?:_total)?$")
@@ -486,6 +490,8 @@ class ProgressReporter:
         if epoch is not None:
             self.epoch = epoch
         for name, value in scalars.items():
+            if not metrics.is_metric_name(name):
+                continue   # a time or timestamp field is no metric (its sources drop it too)
             if name in self.scalars or len(self.scalars) < 4 * self.t.progress_max_scalars:
                 self.scalars[name] = value
         self.last_record_at = now

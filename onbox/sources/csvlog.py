@@ -10,7 +10,8 @@ read from its start, skipping the rows already judged. A rewrite with fewer rows
 is either a rewrite in progress or a new file: it is taken as a new file only when the next poll
 sees it unchanged.
 
-Cells: ``step`` and ``epoch`` are the counters, other numeric cells scalars, anything else skipped.
+Cells: ``step`` and ``epoch`` are the counters, other numeric cells scalars when their column is a
+metric name (`protocol.metrics`: a ``time`` or ``timestamp`` column is not), anything else skipped.
 `position()` / `restore()` keep (inode, offset, header, rows) across sidecar restarts.
 """
 from __future__ import annotations

@@ -18,7 +18,8 @@ inode stays the same); the next lines are then read from the middle of the new c
 
 `MetricsSource` parses the lines: an object becomes a `Record` (step, epoch and numeric scalars; the
 strings "nan"/"inf"/"-inf" our protocol writes and JSON's NaN/Infinity become non-finite floats; one
-level of nesting is flattened as "outer/inner"). Anything else (not JSON, not an object, overlong, a
+level of nesting is flattened as "outer/inner"; only metric names, `protocol.metrics`: a `time` or
+`timestamp` field is not a metric). Anything else (not JSON, not an object, overlong, a
 lone surrogate escape such as `\\ud800`, which no event could carry) is a bad line: counted, the first
 kept as a short example.
 """
@@ -31,9 +32,10 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from protocol.codec import has_lone_surrogate
+from protocol.metrics import is_metric_name
 
 MAX_NAME = 64          # characters of a scalar name kept
 MAX_SCALARS = 64       # scalars kept from one line
@@ -104,15 +106,21 @@ def to_epoch(value: Any) -> Optional[float]:
     return number if number is not None and math.isfinite(number) and number >= 0 else None
 
 
-def record_from_mapping(obj: Mapping[Any, Any], source: str) -> Optional[Record]:
-    """A `Record` from a parsed line; None when it carries no step, epoch or number."""
+def record_from_mapping(obj: Mapping[Any, Any], source: str, *, strict: bool = False,
+                        declared: Sequence[str] = ()) -> Optional[Record]:
+    """A `Record` from a parsed line; None when it carries no step, epoch or number.
+
+    Only metric names become scalars (`protocol.metrics`): never a `time`/`timestamp` field, a file
+    name or a banner word; `strict` (a dict printed in train.log) also wants a known or declared name.
+    """
     step: Optional[int] = None
     epoch: Optional[float] = None
     scalars: Dict[str, float] = {}
 
     def add(name: str, value: Any) -> None:
         number = to_number(value)
-        if number is not None and len(scalars) < MAX_SCALARS:
+        if (number is not None and len(scalars) < MAX_SCALARS
+                and is_metric_name(name[:MAX_NAME], declared, strict)):
             scalars[name[:MAX_NAME]] = number
 
     for key, value in obj.items():

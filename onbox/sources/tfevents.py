@@ -29,6 +29,8 @@ import struct
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from protocol.metrics import is_metric_name
+
 from onbox.sources.metrics import MAX_NAME, MAX_SCALARS, Record, SourceRead
 
 MAX_RECORD = 1 << 20         # a bigger record is skipped without reading it
@@ -210,7 +212,8 @@ def split_records(buf: bytes) -> Tuple[List[bytes], int, int, int]:
 
 
 def _records(events: List[Event], source: str) -> List[Record]:
-    """Consecutive events of one step become one record; a tag "epoch" (or ".../epoch") is the epoch."""
+    """Consecutive events of one step become one record; a tag "epoch" (or ".../epoch") is the epoch;
+    tags that are no metric name (`protocol.metrics`: a wall-clock or "time" tag) are left out."""
     out: List[Record] = []
     group: Dict[str, float] = {}
     step: Optional[int] = None
@@ -219,7 +222,8 @@ def _records(events: List[Event], source: str) -> List[Record]:
         if not group:
             return
         epoch = next((v for k, v in group.items() if k.lower().rsplit("/", 1)[-1] == "epoch"), None)
-        scalars = {k: v for k, v in group.items() if k.lower().rsplit("/", 1)[-1] != "epoch"}
+        scalars = {k: v for k, v in group.items()
+                   if k.lower().rsplit("/", 1)[-1] != "epoch" and is_metric_name(k)}
         ok_epoch = epoch if epoch is not None and math.isfinite(epoch) and epoch >= 0 else None
         out.append(Record(source, step, ok_epoch, scalars))
         group.clear()

@@ -24,6 +24,13 @@ Each line is tried, in this order:
    bar (Lightning's default; in a non-TTY printed once, at the end) is read this way:
    ``Epoch 0/-2 ━━ 60/60 ... v_num: 0.000`` and ``train_loss: nan`` on the next line.
 
+A log is text, not metrics: outside the user's regex, a name read from a line (a dict's keys, a
+bar's postfix, a pair) is a scalar only when `protocol.metrics` knows it as a metric name (loss, lr,
+grad_norm, accuracy, eval_*, ...) or the job declared it (`declared`: its watch list). So a
+torchrun warning's ``torch/distributed/run.py:874``, tqdm's ``Loading checkpoint shards: 2``,
+Lightning's ``using: 0 TPU cores`` and ``v_num``, ``loss_utils.py:88`` or a printed config dict
+give nothing; ``time``/``timestamp`` fields never do, not even through the regex.
+
 The tail itself is `onbox.sources.metrics.FileTail`.
 """
 from __future__ import annotations
@@ -32,7 +39,9 @@ import ast
 import json
 import re
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+from protocol.metrics import is_metric_name
 
 from onbox.errors import ConfigError
 from onbox.sources.metrics import (
@@ -83,8 +92,9 @@ def _literal(body: str) -> Optional[Any]:
 class LogParser:
     """One train.log line -> (record or None, bad); see the module doc."""
 
-    def __init__(self, regex: Optional[str] = None) -> None:
+    def __init__(self, regex: Optional[str] = None, declared: Sequence[str] = ()) -> None:
         self.regex: Optional[re.Pattern[str]] = None
+        self.declared = tuple(d.lower() for d in declared)
         self.bar_total: Optional[int] = None   # the training bar's total (see the module doc)
         self.bar_done = False                  # a bar reached its total in this job attempt
         self.bar_last: Optional[int] = None
@@ -95,6 +105,7 @@ class LogParser:
                 raise ConfigError(f"log regex {regex!r} does not compile: {e}") from e
             if not self.regex.groupindex:
                 raise ConfigError(f"log regex {regex!r} has no named groups (?P<name>...)")
+            self.declared += tuple(name.lower() for name in self.regex.groupindex)
 
     def parse(self, text: str) -> Tuple[Optional[Record], bool]:
         text = _ANSI.sub("", text).strip()
@@ -109,7 +120,7 @@ class LogParser:
             body = text[start:]
             obj = _literal(body)
             if isinstance(obj, dict):
-                return record_from_mapping(obj, "log"), False
+                return record_from_mapping(obj, "log", strict=True, declared=self.declared), False
             if _METRIC_DICT.search(body):
                 return None, True
         bar = _BAR.search(text)
@@ -158,14 +169,13 @@ class LogParser:
                 step = to_step(number)
             elif low == "epoch":
                 epoch = to_epoch(number)
-            elif len(scalars) < MAX_SCALARS:
+            elif len(scalars) < MAX_SCALARS and is_metric_name(low[:MAX_NAME], self.declared, strict=True):
                 scalars[low[:MAX_NAME]] = number
         if step is None and epoch is None and not scalars:
             return None, False
         return Record("log", step, epoch, scalars), False
 
-    @staticmethod
-    def _from_pairs(text: str) -> Optional[Record]:
+    def _from_pairs(self, text: str) -> Optional[Record]:
         step: Optional[int] = None
         epoch: Optional[float] = None
         scalars: Dict[str, float] = {}
@@ -183,7 +193,7 @@ class LogParser:
                 step = to_step(number)
             elif name == "epoch":
                 epoch = to_epoch(number)
-            elif len(scalars) < MAX_SCALARS:
+            elif len(scalars) < MAX_SCALARS and is_metric_name(name[:MAX_NAME], self.declared, strict=True):
                 scalars[name[:MAX_NAME]] = number
         if step is None and epoch is None and not scalars:
             return None
@@ -196,10 +206,11 @@ class LogSource(TailSource):
     name = "log"
     count_overlong = False
 
-    def __init__(self, path: Path, regex: Optional[str] = None, **tail: Any) -> None:
+    def __init__(self, path: Path, regex: Optional[str] = None, declared: Sequence[str] = (),
+                 **tail: Any) -> None:
         tail.setdefault("newlines", b"\r\n")
         super().__init__(path, **tail)
-        self.parser = LogParser(regex)
+        self.parser = LogParser(regex, declared)
 
     def parse(self, line: bytes) -> Tuple[Optional[Record], bool]:
         record, bad = self.parser.parse(line.decode("utf-8", "replace"))
