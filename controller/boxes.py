@@ -16,15 +16,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from protocol.ids import new_run_id
 
-from controller import boxtrust, codesync, install, status, wake
+from controller import boxtrust, codesync, install, life, status
 from controller.install import LOCAL, InstallError, check_version, host_record, onbox_command
 from controller.output import error_tail, last_json_object
 from controller.ssh import LocalShell, Ssh, SshError
 from controller.store import AmbiguousRun, RunNotFound, Store
 
 Shell = Union[Ssh, LocalShell]
-__all__ = ["LOCAL", "BoxError", "Code", "host_record", "launch", "new_run_id", "onbox_command", "recorded",
-           "run_state", "shell_for", "stop"]
+STOP_ANSWER_KIND = "run.stop_answered"   # the box's answer to a recorded stop request
+__all__ = ["LOCAL", "STOP_ANSWER_KIND", "BoxError", "Code", "host_record", "launch", "new_run_id",
+           "onbox_command", "recorded", "run_state", "shell_for", "stop"]
 
 
 class BoxError(Exception):
@@ -203,32 +204,53 @@ def launch(store: Store, host: str, command: Sequence[str], *, run_id: Optional[
     return {**answer, "host": host, **({"code": synced} if synced else {})}
 
 
-def stop(store: Store, run: str, grace: str = "30s") -> Dict[str, Any]:
-    """Stop RUN's job on its box (`rgt-onbox stop`): SIGTERM, SIGKILL after the grace."""
+def stop(store: Store, run: str, grace: str = "30s", by: str = "rgt stop") -> Dict[str, Any]:
+    """Stop RUN's job on its box (`rgt-onbox stop`): SIGTERM, SIGKILL after the grace.
+
+    The stop request is recorded first (life.STOP_KIND, with `by`: who asked), while the run has not
+    ended: the job's exit that follows, whatever its code (143, the SIGTERM, 0 after saving), is
+    then "stopped by request", never a preemption or a crash. A run whose job exit is stored records
+    nothing; one "lost" (its sidecar stopped, no exit stored) does: its job may still run."""
     info = store.run(run)
     if not info["target"] or not info["run_dir"]:
         raise BoxError(f"run {info['run']} was not launched through rgt: no host or run directory known",
                        hint="stop it on the box with 'rgt-onbox stop RUN_DIR'")
     host = str(info["target"])
+    run_id = str(info["run"])
+    now_life = life.of_run(store, run_id)
+    asked = None
+    if not now_life.ended or now_life.state == life.LOST:
+        asked = store.add_local_event(run_id, life.STOP_KIND, "info", {"by": by, "grace": grace})
     try:
         out, _ = install.run_onbox(store, host, ["stop", "--json", "--grace", grace, str(info["run_dir"])])
     except SshError as e:
         raise BoxError(e.message, e.hint) from e
     answer = _json_answer(out, "rgt-onbox stop")
+    if asked is not None:
+        # What the box said to it: "not_running" means the job had ended before the stop reached it.
+        store.add_local_event(run_id, STOP_ANSWER_KIND, "info", {
+            "by": by, "request_id": asked.id, "outcome": str(answer.get("outcome") or ""),
+            "exit": out.returncode})
     return {**answer, "run": info["run"], "host": host, "exit": out.returncode}
 
 
 def run_state(store: Store, run: str, now: float) -> Dict[str, Any]:
-    """What the store knows of a run's life, cheaply (for `rgt runs`): running, finished or failed
-    (the same verdict as `rgt watch`), the last event's time and the link state of `rgt status`."""
-    exited = store.events(run, kind_prefix="job.exited")
+    """What the store knows of a run's life, cheaply (for `rgt runs`): its life state (launched,
+    running, finished, stopped, failed, preempted, vanished, lost: controller.life, the same story
+    `rgt watch` and `rgt status` tell), the last event's time and the link state of `rgt status`."""
+    now_life = life.of_run(store, run)
     last = store.events(run, since=max(0, store.cursor(run) - 1))
-    state: Dict[str, Any] = {"state": "running" if store.cursor(run) else "starting"}
+    state: Dict[str, Any] = {"state": now_life.state, "outcome": now_life.outcome, "life": now_life.to_dict()}
+    if now_life.stopped_by:
+        state["stopped_by"] = now_life.stopped_by
+    seq = now_life.evidence.get("seq") if now_life.evidence.get("kind") == "job.exited" else None
+    exited = store.events(run, since=seq - 1, kind_prefix="job.exited", limit=1) \
+        if isinstance(seq, int) else []
     if exited:
-        data = exited[-1].data
-        state = {"state": "finished" if wake.finished_cleanly(exited[-1]) else "failed",
-                 "code": data.get("code"), "signal": data.get("signal"), "oom_killed": data.get("oom_killed")}
+        data = exited[0].data
+        state.update({"code": data.get("code"), "signal": data.get("signal"),
+                      "oom_killed": data.get("oom_killed")})
     if last:
         state["last_event_ts"] = last[-1].ts
-    state["link"] = status.link_state(store.local_events(run), now)["state"]
+    state["link"] = status.link_for(store, run, now, now_life)["state"]
     return state

@@ -7,7 +7,7 @@
 
 The queue lives in the store (controller.queue); a background dispatcher per queue
 (controller.queuerun) places its cells. Exit codes of `--foreground` and `status`: 0 no cell
-failed (all done, or still going), 1 some cell failed or was cancelled, 2 usage.
+failed (all done or stopped by request, or still going), 1 some cell failed or was cancelled, 2 usage.
 """
 from __future__ import annotations
 
@@ -150,7 +150,8 @@ def queue_group() -> None:
       rgt queue resume NAME                         carry on (after a restart, or a cancel)
       rgt queue cancel NAME [--stop-running]        stop placing cells
     A cell that was preempted, or whose box stayed unreachable, is retried (up to
-    --max-attempts); NaN, OOM, a failing command or a stop by rgt are reported, never retried.
+    --max-attempts); NaN, OOM or a failing command fail the cell, never retried. A cell whose
+    run was stopped through rgt (`rgt stop RUN`) ends "stopped": not retried, not a failure.
     """
 
 
@@ -273,7 +274,7 @@ def _stop_running(store: Store, name: str, grace: str) -> List[Dict[str, Any]]:
         if cell.state not in q.ACTIVE or not cell.run:
             continue
         try:
-            answer = boxes.stop(store, cell.run, grace)
+            answer = boxes.stop(store, cell.run, grace, by="rgt queue cancel")
             outcome = str(answer.get("outcome", "asked"))
         except (boxes.BoxError, SshError) as e:
             outcome = f"could not stop: {e}"

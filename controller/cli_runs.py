@@ -94,8 +94,13 @@ def hosts_add(name: str, alias: str, profile: str, onbox: str, root: str, replac
 @hosts_group.command("check", cls=RgtCommand)
 @click.argument("name")
 @JSON_OPTION
-def hosts_check(name: str, as_json: bool) -> None:
-    """Connect to NAME (starting its ControlMaster) and report the box and its rgt-onbox."""
+@click.pass_context
+def hosts_check(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Connect to NAME (starting its ControlMaster) and report the box and its rgt-onbox.
+
+    With --json (here or on `rgt hosts`): one object, also when the box cannot be reached
+    ("reachable": false, with the error and its hint; the exit is 1 then)."""
+    as_json = as_json or bool(ctx.parent is not None and ctx.parent.params.get("as_json"))
     with Store.open() as store:
         shell = boxes.shell_for(store, name)
         try:
@@ -109,9 +114,11 @@ def hosts_check(name: str, as_json: bool) -> None:
             except install.InstallError as e:
                 version = f"not usable: {e.message}"
         except SshError as e:
+            if as_json:
+                emit_json({"host": name, "reachable": False, "error": e.message, "hint": e.hint})
             raise _box_error(e) from e
-    report = {"host": name, "system": lines[0] if lines else "", "rsync": "rsync=yes" in lines,
-              "onbox_version": version}
+    report = {"host": name, "reachable": True, "system": lines[0] if lines else "",
+              "rsync": "rsync=yes" in lines, "onbox_version": version}
     if as_json:
         emit_json(report)
         return
@@ -206,13 +213,23 @@ def _age(ts: Optional[float]) -> str:
 
 
 def _group_state(nodes: Sequence[Dict[str, Any]]) -> str:
-    """A multi-node run's state from its nodes', cheaply (`rgt status RUN` says more)."""
+    """A multi-node run's state from its nodes' lives, cheaply (`rgt status RUN` says more): a node
+    stopped by request, or one that ended after a stop was asked for another, is no failed rank."""
+    from controller.status_group import bad_nodes
+
+    if not nodes:
+        return "launched"
+    ended = [bool(n["life"]["ended"]) for n in nodes]
+    if bad_nodes(nodes):
+        return "rank_failed" if not all(ended) else "failed"
     states = [n["state"] for n in nodes]
-    if not states:
-        return "starting"
-    if "failed" in states:
-        return "rank_failed" if any(s in ("running", "starting") for s in states) else "failed"
-    return "finished" if all(s == "finished" for s in states) else "running"
+    if all(s == "finished" for s in states):
+        return "finished"
+    if all(ended) and "stopped" in states:
+        return "stopped"
+    if not all(ended):
+        return "running"
+    return str(next(s for s in states if s != "finished"))
 
 
 def _run_rows(store: Store, only: Optional[str]) -> List[Dict[str, Any]]:
@@ -264,7 +281,9 @@ def runs_command(run: Optional[str], as_json: bool) -> None:
         return
     click.echo(f"{'RUN':<34} {'HOST':<12} {'STATE':<11} {'LINK':<8} {'LAST':>6} {'SEQ':>7} WATCHER")
     for row in rows:
-        state = row["state"] + (f" {row['code']}" if row.get("code") not in (None, 0) else "")
+        code = row.get("code")
+        shown = code not in (None, 0) and row["state"] not in ("stopped", "preempted")
+        state = row["state"] + (f" {code}" if shown else "")
         name = f"{row['run']} ({len(row['nodes'])} nodes)" if "nodes" in row else (
             f"  {row['node']}: {row['run']}" if row.get("node") else row["run"])
         name += f" (<- {row['resumed_from']})" if row.get("resumed_from") else ""

@@ -11,7 +11,9 @@ Two failures show only across nodes (seed-inventory §4.7), so no single sidecar
 
     job.rank_failed  critical  one node's job exited while the others still run: they wait for it
                                in their next collective. A failed exit counts at once; a clean
-                               exit once the others ran on for CLEAN_EXIT_GRACE_S.
+                               exit once the others ran on for CLEAN_EXIT_GRACE_S. A node stopped
+                               by request (controller.life: `rgt stop` recorded it) never counts,
+                               nor one that ended after a stop was asked for another node.
     job.stalled      warn      verdict "hung", scope "all nodes": every node's newest job.stalled
                                is open. Names the node whose progress stopped first (the oldest
                                last train.progress), which is where to look.
@@ -34,6 +36,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import protocol
 
+from controller import life
 from controller.store import LocalEvent, RunNotFound, Store
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,8 @@ class NodeView:
     over: bool = False                          # the job exited, or the sidecar stopped after it
     stall: Optional[protocol.Event] = None      # the open job.stalled onset, if there is one
     progress: Optional[protocol.Event] = None   # the newest train.progress (read when all stalled)
+    stop_ts: Optional[float] = None             # when a stop of this attempt was asked (laptop clock)
+    stopped: bool = False                       # its exit is a stop by request (controller.life)
 
     def stopped_at(self) -> Optional[float]:
         """When the node's progress stopped, as well as its events tell: the time of the last
@@ -137,8 +142,12 @@ def read_view(store: Store, stream: str, node: str) -> NodeView:
             stopped = True
         elif ev.kind == "sidecar.started":
             stopped = False
+    since_ts = next((e.ts for e in found if e.seq == started), 0.0) if started else 0.0
+    asked = life.stop_request(store.local_events(stream, kind_prefix=life.STOP_KIND), since_ts)
+    by_request = exited is not None and life.of_run(store, stream).state == life.STOPPED
     return NodeView(node=node, stream=stream, started_seq=started, exit=exited,
-                    over=exited is not None or stopped, stall=stall)
+                    over=exited is not None or stopped, stall=stall,
+                    stop_ts=asked.ts if asked is not None else None, stopped=by_request)
 
 
 def with_progress(store: Store, view: NodeView) -> NodeView:
@@ -180,14 +189,18 @@ def _same_episode(recorded: Mapping[str, Any], starts: Mapping[str, int]) -> boo
 
 
 def rank_failed(nodes: Sequence[NodeView], recorded: Iterable[LocalEvent], now: float) -> Optional[Verdict]:
-    """One node's job exited while others still run; at most one per episode (until a job restarts)."""
+    """One node's job exited while others still run; at most one per episode (until a job restarts).
+    A stop asked for through rgt is no failed rank: not the stopped node, nor one that ended after it."""
     starts = {v.stream: v.started_seq for v in nodes}
     for ev in recorded:
         before = ev.data.get("starts")
         if ev.kind == "job.rank_failed" and isinstance(before, dict) and _same_episode(before, starts):
             return None
     waiting = [v for v in nodes if not v.over]
-    failed = [v for v in nodes if v.exit is not None
+    asked = [v.stop_ts for v in nodes if v.stop_ts is not None]
+    first_stop = min(asked) if asked else None
+    failed = [v for v in nodes if v.exit is not None and not v.stopped
+              and not (first_stop is not None and v.exit.ts >= first_stop)
               and (not clean_exit(v.exit) or now - v.exit.ts >= CLEAN_EXIT_GRACE_S)]
     if not waiting or not failed:
         return None

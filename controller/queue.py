@@ -4,7 +4,7 @@ A queue is a list of cells, one command each, spread over a set of hosts with at
 running cell per host (controller.queuerun places them). Everything lives in the store's
 `queues` and `queue_cells` tables, so a queue outlives the process that drives it. Cell states:
 
-    pending -> launching -> running -> done | failed | retrying -> launching -> ...
+    pending -> launching -> running -> done | stopped | failed | retrying -> launching -> ...
     pending | retrying -> cancelled (rgt queue cancel), cancelled -> pending (rgt queue resume)
 
 `launching` is written before the box is asked, so a driver that dies mid-launch leaves a
@@ -12,16 +12,19 @@ trace its successor can pick up. Every change is a compare-and-set on (state, at
 inside one IMMEDIATE transaction: `rgt queue status` and the dispatcher may both judge a
 running cell, and only one of them moves it.
 
-How an attempt ended is read from the events the run's watcher stored (classify), never from
-log lines. Only some classes may be retried, and only up to the queue's max_attempts:
+How an attempt ended is the run's life (controller.life.exit_life, the story `rgt watch` and
+`rgt status` tell), read from the events the run's watcher stored (classify), never from log
+lines. Only some classes may be retried, and only up to the queue's max_attempts:
 
     ok         done
-    preempted  retry   job.preempted, or job.exited with preempted: true
+    stopped    stopped a stop rgt was asked for (`rgt stop`, recorded before it asked the box, or
+                       job.exited stop_requested): whatever the exit code; not a failure, not retried
+    preempted  retry   job.preempted, job.exited preempted: true, or a SIGTERM exit (143) that nobody
+                       asked rgt for
     link       retry   link.lost with no link.restored within the link budget
     launch     retry   the box could not be reached, or refused the launch
     nan        failed  a train.nonfinite onset, even when the job then exits 0
     oom        failed  job.exited oom_killed
-    stopped    failed  a stop rgt asked for (job.exited stop_requested)
     vanished   failed  the job disappeared without an exit record
     final      failed  exit 0, but the sidecar's final verdict failed (a durable copy failed)
     error      failed  a non-zero exit code or a signal
@@ -36,13 +39,13 @@ import shlex
 import sqlite3
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from controller import boxtrust, paths
+from controller import boxtrust, life, paths
 from controller.store import LocalEvent, Store, StoreError
 from controller.storeerrors import StoreCorrupt, recovery_hint
 
 PENDING, LAUNCHING, RUNNING, RETRYING = "pending", "launching", "running", "retrying"
-DONE, FAILED, CANCELLED = "done", "failed", "cancelled"
-TERMINAL = (DONE, FAILED, CANCELLED)
+DONE, STOPPED, FAILED, CANCELLED = "done", "stopped", "failed", "cancelled"
+TERMINAL = (DONE, STOPPED, FAILED, CANCELLED)
 ACTIVE = (LAUNCHING, RUNNING)
 RETRYABLE = ("preempted", "link", "launch")
 DEFAULT_MAX_ATTEMPTS = 3
@@ -331,9 +334,11 @@ def launched(store: Store, cell: Cell, answer: Mapping[str, Any], now: float) ->
 
 
 def end_attempt(store: Store, cell: Cell, outcome: Outcome, max_attempts: int, now: float) -> Optional[Cell]:
-    """done, failed, or retrying when the class allows it and attempts are left."""
+    """done, stopped, failed, or retrying when the class allows it and attempts are left."""
     if outcome.cls == "ok":
         state, reason = DONE, ""
+    elif outcome.cls == "stopped":
+        state, reason = STOPPED, outcome.reason
     elif outcome.retryable and cell.attempts < max_attempts:
         next_try = f"attempt {cell.attempts + 1} of {max_attempts}"
         state, reason = RETRYING, f"{outcome.reason}; retrying ({next_try})"
@@ -401,7 +406,8 @@ def finished(all_cells: Sequence[Cell]) -> bool:
 
 
 def exit_code(all_cells: Sequence[Cell]) -> int:
-    """0 when no cell failed or was cancelled (all done, or still going), else 1."""
+    """0 when no cell failed or was cancelled (all done or stopped by request, or still going),
+    else 1."""
     return 1 if any(c.state in (FAILED, CANCELLED) for c in all_cells) else 0
 
 
@@ -419,26 +425,20 @@ def attempt_start(store: Store, run: str, since_seq: int) -> Optional[int]:
     return None
 
 
-def _exit_outcome(data: Mapping[str, Any], seq: int, preempted: bool, nonfinite: bool) -> Outcome:
-    reasons = [str(r) for r in data.get("final_reasons") or [] if isinstance(r, str)]
-    code, sig = data.get("code"), data.get("signal")
-    if nonfinite or any("non-finite" in r for r in reasons):
-        return Outcome("nan", "training went non-finite (train.nonfinite)", seq)
-    if data.get("oom_killed"):
-        return Outcome("oom", "the job was killed for memory (OOM)", seq)
-    if preempted or data.get("preempted"):
-        return Outcome("preempted", "preempted: a SIGTERM rgt did not send (job.preempted)", seq)
-    if data.get("stop_requested"):
-        return Outcome("stopped", "stopped by rgt", seq)
-    if code == 0 and data.get("final_ok") is not False:
-        return Outcome("ok", "", seq)
-    if code == 0:
-        return Outcome("final", "exited 0 but failed the final check: " + "; ".join(reasons), seq)
-    if data.get("vanished"):
-        rebooted = (data.get("evidence") or {}).get("rebooted")
-        return Outcome("vanished", "the box rebooted under the job" if rebooted
-                       else "the job vanished without an exit record", seq)
-    return Outcome("error", f"exit code {code}" if code is not None else f"killed by signal {sig}", seq)
+def _exit_outcome(data: Mapping[str, Any], seq: int, preempted: bool, nonfinite: bool,
+                  stopped_by: Optional[str] = None) -> Outcome:
+    """The attempt's class from its life (controller.life.exit_life: the one story of an exit)."""
+    ended = life.exit_life(data, stopped_by=stopped_by, preempted=preempted, nonfinite=nonfinite)
+    return Outcome(ended.outcome, "" if ended.outcome == "ok" else ended.reason, seq)
+
+
+def _asked_by(store: Store, run: str, since_local: int) -> Optional[str]:
+    """Who asked rgt to stop this attempt (its newest stop request after since_local), or None."""
+    asked = life.stop_request(store.local_events(run, since_id=since_local, kind_prefix=life.STOP_KIND))
+    if asked is None:
+        return None
+    by = asked.data.get("by")
+    return by if isinstance(by, str) and by else "rgt stop"
 
 
 def _link_outcome(local: Sequence[LocalEvent], now: float, budget_s: float) -> Optional[Outcome]:
@@ -466,6 +466,7 @@ def classify(store: Store, run: str, *, since_seq: int = 0, since_local: int = 0
                       if e.seq < end.seq]
             nan = [e for e in store.events(run, since=start, kind_prefix="train.nonfinite")
                    if e.seq < end.seq and e.data.get("state", "onset") == "onset"]
-            return _exit_outcome(end.data, end.seq, bool(before), bool(nan))
+            return _exit_outcome(end.data, end.seq, bool(before), bool(nan),
+                                 stopped_by=_asked_by(store, run, since_local))
     local = [e for e in store.local_events(run, since_id=since_local) if e.kind.startswith("link.")]
     return _link_outcome(local, now, link_budget_s)

@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import protocol
 
-from controller import wake
+from controller import life, wake
 from controller.render import local_time, printable
 from controller.store import LocalEvent, Store
 from controller.wake import AnyEvent, number, seconds, size
@@ -32,6 +32,9 @@ ENDS = {"ckpt.saved": ("ckpt.stale",), "ckpt.durable": ("ckpt.sync_failed",),
         # A new sidecar re-detects box conditions from scratch (their state is not kept).
         "sidecar.started": ("gpu.", "disk.", "mem.", "sidecar.degraded")}
 LIFECYCLE = ("job.started", "job.exited", "sidecar.started", "sidecar.stopping")
+LABELS = {life.STOPPED: "stopped by request", life.LOST: "lost contact"}
+FRESH_INTERVALS = 3          # heartbeats (the watcher's SILENT_INTERVALS): box data this recent: link up
+DEFAULT_HEARTBEAT_S = 30.0   # the sidecar's default heartbeat interval
 
 
 def _num(value: Any) -> Optional[float]:
@@ -121,8 +124,17 @@ def _read(store: Store, run: str, now: float) -> Tuple[_Reader, List[LocalEvent]
     return reader, local
 
 
-def link_state(local: Sequence[LocalEvent], now: float) -> Dict[str, Any]:
-    """up / down / silent / unknown from the controller's own link events, with since when."""
+def link_state(local: Sequence[LocalEvent], now: float, *, ended_ts: Optional[float] = None,
+               ended: bool = False, fresh_ts: Optional[float] = None,
+               fresh_budget_s: float = FRESH_INTERVALS * DEFAULT_HEARTBEAT_S) -> Dict[str, Any]:
+    """up / down / silent / unknown / ended, with since when.
+
+    The controller's own link events say it first. A watcher records none until a loss, so with
+    none recorded, box data stored within fresh_budget_s (fresh_ts: the newest box event's time)
+    says the link is up: it carried that data. An ended run has no link to judge: "ended", never a
+    "down" that lasts forever after the box went away."""
+    if ended:
+        return {"state": "ended", "since_ts": ended_ts, "age_s": _age(now, ended_ts)}
     state, since = "unknown", None
     for ev in local:
         if ev.kind == "link.lost":
@@ -132,7 +144,25 @@ def link_state(local: Sequence[LocalEvent], now: float) -> Dict[str, Any]:
         elif ev.kind == "sidecar.silent" and state != "down":
             cleared = wake.is_clear(ev)
             state, since = ("up" if cleared else "silent"), ev.ts
+    if state == "unknown" and fresh_ts is not None and now - fresh_ts <= fresh_budget_s:
+        return {"state": "up", "since_ts": None, "age_s": None, "by": "box data"}
     return {"state": state, "since_ts": since, "age_s": _age(now, since)}
+
+
+def _fresh_budget(heartbeat: Optional[AnyEvent]) -> float:
+    """How recent box data must be to say the link is up: the watcher's own silence budget."""
+    interval = _num(heartbeat.data.get("interval_s")) if heartbeat is not None else None
+    return FRESH_INTERVALS * (interval if interval and interval > 0 else DEFAULT_HEARTBEAT_S)
+
+
+def link_for(store: Store, run: str, now: float, run_life: Optional[life.Life] = None) -> Dict[str, Any]:
+    """link_state of a stored run, cheaply (`rgt runs`): its link events, its newest box event,
+    and whether its life has ended."""
+    run_life = run_life or life.of_run(store, run)
+    local = store.local_events(run)
+    newest = store.events(run, since=max(0, store.cursor(run) - 1))
+    return link_state(local, now, ended=run_life.ended, ended_ts=_num(run_life.evidence.get("ts")),
+                      fresh_ts=newest[-1].ts if newest else None)
 
 
 def _progress(reader: _Reader, meta: Mapping[str, Any], now: float) -> Dict[str, Any]:
@@ -157,20 +187,27 @@ def _progress(reader: _Reader, meta: Mapping[str, Any], now: float) -> Dict[str,
             "progress_age_s": age, "box_data_age_s": box_age, "data_age_s": total_age}
 
 
-def _state(reader: _Reader, link: Mapping[str, Any]) -> Tuple[str, str]:
-    last = reader.lifecycle
+def state_label(run_life: life.Life) -> str:
+    """The state `rgt status` shows for a life: finished, stopped by request, preempted,
+    failed (oom), vanished, lost contact, running, launched."""
+    if run_life.state == life.FAILED:
+        return f"failed ({run_life.outcome})"
+    return LABELS.get(run_life.state, run_life.state)
+
+
+def _state(reader: _Reader, link: Mapping[str, Any], run_life: life.Life) -> Tuple[str, str]:
     stalled = reader.open.get(("job.stalled", ""))
-    if last is not None and last.kind == "job.exited":
-        ok = wake.finished_cleanly(last)
-        return ("exited ok" if ok else "exited failed"), wake.explain(last, reader.job_started_at)
+    if run_life.ended:
+        exited = reader.latest.get("job.exited")
+        if run_life.state in (life.FINISHED, life.FAILED, life.VANISHED) and exited is not None:
+            return state_label(run_life), wake.explain(exited, reader.job_started_at)
+        return state_label(run_life), run_life.reason
     if stalled is not None:
         state, reason = "stalled", str(stalled["explain"])
-    elif last is not None and last.kind == "sidecar.stopping":
-        state, reason = "unknown", "the sidecar stopped and no job exit is stored"
-    elif last is not None or "train.progress" in reader.latest or "heartbeat" in reader.latest:
+    elif run_life.state == life.RUNNING:
         state, reason = "running", "no job exit stored"
     else:
-        return "unknown", "no job events stored yet"
+        return state_label(run_life), run_life.reason
     if link.get("state") == "down":
         reason += (f"; as last seen: the link is down for {seconds(link.get('age_s'))}, "
                    "which says nothing about the job")
@@ -291,17 +328,10 @@ def _step(value: Any) -> Optional[int]:
 
 
 def _life(store: Store, run: str) -> Dict[str, Any]:
-    """A run's state, first and last step and newest checkpoint's step, cheaply: from its job.*,
-    train.progress and ckpt.saved events (the last step is the furthest either reported)."""
-    exited = store.events(run, kind_prefix="job.exited")
-    if exited:
-        data = exited[-1].data
-        state = "preempted" if data.get("preempted") else \
-            "exited ok" if wake.finished_cleanly(exited[-1]) else "exited failed"
-    elif store.events(run, kind_prefix="job.preempted"):
-        state = "preempted"
-    else:
-        state = "running" if store.cursor(run) else "unknown"
+    """A run's state, first and last step and newest checkpoint's step, cheaply: its life
+    (controller.life), and its train.progress and ckpt.saved events (the last step is the furthest
+    either reported)."""
+    run_life = life.of_run(store, run)
     first = last = ckpt = None
     for ev in all_events(store, run, "train.progress"):  # rate-limited: the job may have gone further
         step = _step(ev.data.get("step"))
@@ -310,13 +340,14 @@ def _life(store: Store, run: str) -> Dict[str, Any]:
     for ev in all_events(store, run, "ckpt.saved"):
         ckpt = _step(ev.data.get("step")) if _step(ev.data.get("step")) is not None else ckpt
     known = [s for s in (last, ckpt) if s is not None]
-    return {"state": state, "first_step": first, "last_step": max(known) if known else None,
-            "checkpoint_step": ckpt}
+    return {"state": state_label(run_life), "life": run_life.to_dict(), "first_step": first,
+            "last_step": max(known) if known else None, "checkpoint_step": ckpt}
 
 
 def history(store: Store, run_id: str) -> List[Dict[str, Any]]:
     """The runs that continue one another through `rgt resume`, oldest first, or [] for a run alone:
-    each with its host, state (preempted, exited ok/failed, running), first and last step, and the
+    each with its host, state (preempted, finished, stopped by request, failed (...), running), first
+    and last step, and the
     step of its newest hashed checkpoint."""
     runs = {str(r["run"]): r for r in store.runs()}
     if run_id not in runs:
@@ -336,15 +367,19 @@ def summarize(store: Store, run: str, ref: Optional[str] = None,
     info = store.run(run)
     run_id = str(info["run"])
     reader, local = _read(store, run_id, now)
-    link = link_state(local, now)
-    state, reason = _state(reader, link)
+    run_life = life.of_run(store, run_id)
+    box_events = [e for e in reader.latest.values() if isinstance(e, protocol.Event)]
+    link = link_state(local, now, ended=run_life.ended, ended_ts=_num(run_life.evidence.get("ts")),
+                      fresh_ts=max((e.ts for e in box_events), default=None),
+                      fresh_budget_s=_fresh_budget(reader.latest.get("heartbeat")))
+    state, reason = _state(reader, link, run_life)
     progress = _progress(reader, info.get("meta") or {}, now)
     gpus, gpu_health = _gpus(reader, now)
     heartbeat = reader.latest.get("heartbeat")
     gaps = store.gaps(run_id)
     out: Dict[str, Any] = {
         "run": run_id, "host": info.get("host"), "target": info.get("target"), "generated_at": now,
-        "state": state, "state_reason": reason, **progress,
+        "state": state, "state_reason": reason, "life": run_life.to_dict(), **progress,
         "gpus": gpus, "gpu_health": gpu_health, "checkpoint": _checkpoint(reader, now),
         "nonfinite_checkpoints": nonfinite_checkpoints(local),
         "disk": _disk(reader, now),
@@ -465,4 +500,5 @@ def render(s: Mapping[str, Any]) -> str:
     return "\n".join(printable(line) for line in lines)
 
 
-__all__ = ["all_events", "nonfinite_checkpoints", "one_line", "reference", "render", "summarize"]
+__all__ = ["all_events", "link_for", "link_state", "nonfinite_checkpoints", "one_line", "reference", "render",
+           "state_label", "summarize"]

@@ -2,21 +2,23 @@
 
 Each node line comes from that node stream's own summary (controller.status): where it runs,
 its state, its last step and how old its last progress is, and its link. The verdict above them
-reads the node states and the group's own events (controller.groups): a rank that failed while
-the others still run, every node hung (and which stopped first), some nodes stalled, finished.
+reads each node's life (controller.life) and the group's own events (controller.groups): a rank
+that failed while the others still run, every node hung (and which stopped first), some nodes
+stalled, stopped by request, finished. A node stopped by request is not a failed rank, and
+neither is one that ended after a stop was asked for another node (its peer went away).
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from controller import groups, status
+from controller import groups, life, status
 from controller.render import local_time, printable
 from controller.store import LocalEvent, Store
 from controller.wake import number, seconds
 
 RECENT = 3          # group events listed
-FAILED = "exited failed"
+BAD = (life.FAILED, life.PREEMPTED, life.VANISHED)   # node lives that make a failed rank
 
 
 def _node(store: Store, info: Mapping[str, Any], now: float) -> Dict[str, Any]:
@@ -24,7 +26,7 @@ def _node(store: Store, info: Mapping[str, Any], now: float) -> Dict[str, Any]:
     return {"node": info.get("node") or info["run"], "run": info["run"], "host": info.get("target") or "",
             "box": s.get("host") or "", "state": s["state"], "state_reason": s["state_reason"],
             "step": s.get("step"), "epoch": s.get("epoch"), "progress_age_s": s.get("progress_age_s"),
-            "link": s["link"]["state"], "heartbeat_age_s": s.get("heartbeat_age_s")}
+            "link": s["link"]["state"], "heartbeat_age_s": s.get("heartbeat_age_s"), "life": s["life"]}
 
 
 def _last(local: Sequence[LocalEvent], kind: str) -> Optional[LocalEvent]:
@@ -32,19 +34,55 @@ def _last(local: Sequence[LocalEvent], kind: str) -> Optional[LocalEvent]:
     return found[-1] if found else None
 
 
+def _ended(n: Mapping[str, Any]) -> bool:
+    return bool(n["life"].get("ended"))
+
+
+def _first_stop(nodes: Sequence[Mapping[str, Any]]) -> Optional[float]:
+    """When the first stop was asked for a node of the group (the laptop's clock), or None."""
+    asked = [n["life"].get("evidence", {}).get("stop_request", {}).get("ts") for n in nodes
+             if n["life"].get("state") == life.STOPPED]
+    found = [float(t) for t in asked if isinstance(t, (int, float))]
+    return min(found) if found else None
+
+
+def _after_stop(n: Mapping[str, Any], stop_ts: Optional[float]) -> bool:
+    """Whether node n ended after the group's first stop request: its peer went away on purpose."""
+    ended = n["life"].get("evidence", {}).get("ts")
+    return stop_ts is not None and isinstance(ended, (int, float)) and ended >= stop_ts
+
+
+def bad_nodes(nodes: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
+    """The nodes that failed: ended failed, preempted or vanished, and not after a stop asked for
+    another node of the group."""
+    stop_ts = _first_stop(nodes)
+    return [n for n in nodes if n["life"].get("state") in BAD and not _after_stop(n, stop_ts)]
+
+
 def _failed(nodes: Sequence[Mapping[str, Any]], local: Sequence[LocalEvent]) -> Optional[Tuple[str, str]]:
     """"rank failed" while others still run, "failed" once all ended; the node named first."""
-    bad = [n for n in nodes if n["state"] == FAILED]
+    bad = bad_nodes(nodes)
     if not bad:
         return None
     ranked = _last(local, "job.rank_failed")
     culprit = next((n for n in bad if ranked is not None and n["node"] == ranked.data.get("node")), bad[0])
-    live = [str(n["node"]) for n in nodes if not str(n["state"]).startswith("exited")]
+    live = [str(n["node"]) for n in nodes if not _ended(n)]
     what = f"node {culprit['node']}: {culprit['state_reason']}"
     if live:
         verb = "runs" if len(live) == 1 else "run"
         return "rank failed", f"{what}; {', '.join(live)} still {verb}, waiting on it"
     return "failed", f"{what}; every node has ended"
+
+
+def _stopped(nodes: Sequence[Mapping[str, Any]]) -> Optional[Tuple[str, str]]:
+    """"stopped" once every node ended and a stop was asked for at least one of them."""
+    stopped = [n for n in nodes if n["life"].get("state") == life.STOPPED]
+    if not stopped or not all(_ended(n) for n in nodes):
+        return None
+    by = sorted({str(n["life"].get("stopped_by") or "rgt stop") for n in stopped})
+    others = [f"{n['node']} {n['state']}" for n in nodes if n not in stopped]
+    return "stopped", (f"stopped by request ({', '.join(by)}): {len(stopped)} of {len(nodes)} nodes"
+                       + (f"; the others ended after it ({', '.join(others)})" if others else ""))
 
 
 def _hung(nodes: Sequence[Mapping[str, Any]], local: Sequence[LocalEvent]) -> Optional[Tuple[str, str]]:
@@ -67,9 +105,9 @@ def verdict(nodes: Sequence[Mapping[str, Any]], local: Sequence[LocalEvent]) -> 
     """(state, reason) of the whole group."""
     if not nodes:
         return "unknown", "no node stream recorded yet (rgt track HOST RUN records them)"
-    if all(n["state"] == "exited ok" for n in nodes):
+    if all(n["life"].get("state") == life.FINISHED for n in nodes):
         return "finished", f"every node's job finished cleanly ({len(nodes)} nodes)"
-    found = _failed(nodes, local) or _hung(nodes, local)
+    found = _failed(nodes, local) or _stopped(nodes) or _hung(nodes, local)
     if found is not None:
         return found
     running = [n for n in nodes if n["state"] == "running"]
@@ -128,4 +166,4 @@ def one_line(s: Mapping[str, Any]) -> str:
     return printable(f"{s['state']}: {s['state_reason']}" + (f" ({'; '.join(parts)})" if parts else ""))
 
 
-__all__ = ["node_table", "one_line", "render", "summarize", "verdict"]
+__all__ = ["bad_nodes", "node_table", "one_line", "render", "summarize", "verdict"]

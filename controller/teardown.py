@@ -6,6 +6,8 @@
 Nothing is destroyed before a verified pull: the gate is OPEN only when every rule holds; the first that
 fails names the reason:
 
+0. the job has ended (controller.life): a job that still runs may write a checkpoint a second after
+   the pull, so the plan says to stop it first (`rgt stop RUN`)                 (job_running)
 1. a pulled dir is known: `--from DIR`, else the dir of the run's newest pull.done or verify.done
    event                                                                        (not_verified)
 2. DIR/rgt/PULL_VERIFIED.json reads as rgt.pull_verified version 1 of this run  (not_verified)
@@ -35,6 +37,9 @@ is impossible; a destructive action never runs with the gate closed. Either way 
 typed. A profile command runs without a shell, its words filled from {instance_id} {host} {run_id},
 with only PATH, HOME and the profile's credentials_env variables in its environment. Nothing here
 deletes a file, local or remote.
+
+The actions are the run's own profile's (the one it was launched with: `rgt launch --profile`,
+kept in its launch record), else its host's.
 """
 from __future__ import annotations
 
@@ -42,6 +47,7 @@ import dataclasses
 import datetime
 import json
 import os
+import shlex
 import stat
 import subprocess
 from pathlib import Path
@@ -51,7 +57,7 @@ import profiles
 from protocol import ProtocolError
 from protocol.pull import check_manifest
 
-from controller import install
+from controller import install, life
 from controller.pullstage import MANIFEST_REL, VERIFIED_REL
 from controller.ssh import SshError
 from controller.store import Store
@@ -274,9 +280,13 @@ def _coverage(view: Dict[str, Any], files: Dict[str, Dict[str, Any]], where: Pat
     return found
 
 
-def judge(run_id: str, where: Optional[Path], view_fn: ViewFn) -> Gate:
+def judge(run_id: str, where: Optional[Path], view_fn: ViewFn, job: Optional[life.Life] = None) -> Gate:
     """The gate for `run_id` given its pulled dir and a way to ask the box (view_fn raises
-    TeardownError when the box does not answer)."""
+    TeardownError when the box does not answer), and the run's life (None: not judged here)."""
+    if job is not None and not job.ended:
+        return _closed("job_running", f"the job has not ended ({job.reason}): stop the job first: "
+                       f"`rgt stop {shlex.quote(run_id)}`, then pull and verify what it saved last",
+                       where)
     if where is None:
         return _closed("not_verified", f"not verified: no pull of {run_id} is recorded (run `rgt pull "
                        f"{run_id}` and `rgt verify DIR`, or name the dir with --from)")
@@ -398,8 +408,18 @@ def _run_info(store: Store, run: str) -> Tuple[str, str, str]:
     return run_id, host, run_dir
 
 
-def load_profile(store: Store, host: str) -> profiles.Profile:
-    name = str(install.host_record(store, host).get("profile") or "")
+def profile_name(store: Store, run_id: str, host: str) -> str:
+    """The run's own profile (its launch record's), else its host's; "" when neither has one."""
+    launch = store.run(run_id).get("launch")
+    name = launch.get("profile") if isinstance(launch, dict) else None
+    if isinstance(name, str) and name:
+        return name
+    return str(install.host_record(store, host).get("profile") or "")
+
+
+def load_profile(store: Store, host: str, name: Optional[str] = None) -> profiles.Profile:
+    """Profile `name` (the run's: profile_name), else the host's."""
+    name = name or str(install.host_record(store, host).get("profile") or "")
     if not name:
         raise TeardownError(f"host {host} has no profile, so rgt knows no teardown action for it",
                             hint=f"rgt hosts add {host} --ssh ALIAS --profile NAME --replace")
@@ -411,11 +431,13 @@ def load_profile(store: Store, host: str) -> profiles.Profile:
 
 def plan(store: Store, run: str, *, from_dir: Optional[Path] = None, today: Optional[datetime.date] = None,
          view_fn: Optional[ViewFn] = None, record: bool = True) -> Plan:
-    """Every action of the host's profile with its facts, and the gate as it stands now."""
+    """Every action of the run's profile (else its host's) with its facts, and the gate as it stands
+    now (closed while the job runs)."""
     run_id, host, run_dir = _run_info(store, run)
-    profile = load_profile(store, host)
+    profile = load_profile(store, host, profile_name(store, run_id, host))
     where = Path(os.path.abspath(from_dir)) if from_dir is not None else pulled_dir_of(store, run_id)
-    gate = judge(run_id, where, view_fn or (lambda: box_view(store, host, run_dir)))
+    gate = judge(run_id, where, view_fn or (lambda: box_view(store, host, run_dir)),
+                 job=life.of_run(store, run_id))
     day = today or datetime.date.today()
     result = Plan(run=run_id, host=host, profile=profile.name, gate=gate,
                   actions=[_action_plan(a, profile, gate, day) for a in profile.actions.values()],
@@ -494,7 +516,7 @@ def execute(store: Store, p: Plan, name: str, typed: Optional[str], *, instance_
     if not ap.allowed:
         raise TeardownError(f"{name}: {ap.why}", hint=f"see `rgt teardown {p.run} --plan`")
     confirm(p.run, typed)
-    action = load_profile(store, p.host).actions[name]
+    action = load_profile(store, p.host, p.profile).actions[name]
     argv: List[str] = []
     code: Optional[int] = None
     output = ""
@@ -513,4 +535,4 @@ def execute(store: Store, p: Plan, name: str, typed: Optional[str], *, instance_
 
 __all__ = ["ActionPlan", "ActionResult", "Gate", "Plan", "TeardownError", "age_months", "box_view",
            "build_argv", "command_env", "confirm", "deletes_nothing", "execute", "judge", "may_run", "plan",
-           "pulled_dir_of"]
+           "profile_name", "pulled_dir_of"]

@@ -294,11 +294,11 @@ def test_status_of_the_group_shows_one_line_per_node_and_the_verdict(box: Box) -
     out = json.loads(invoke(cli_watch.status_command, [RUN, "--json"]).output)
     assert out["group"] is True and out["state"] == "rank failed"
     assert [(n["node"], n["state"], n["step"]) for n in out["nodes"]] == [
-        ("n0", "running", 120), ("n1", "exited failed", 118)]
+        ("n0", "running", 120), ("n1", "failed (error)", 118)]
     assert "node n1" in out["state_reason"] and "n0 still runs" in out["state_reason"]
     text = invoke(cli_watch.status_command, [RUN]).output.splitlines()
     assert text[0].startswith(f"run {RUN} (multi-node, 2 nodes)") and "rank failed" in text[1]
-    assert any(line.split()[:3] == ["n1", "node-n1", "exited"] for line in text)
+    assert any(line.split()[:4] == ["n1", "node-n1", "failed", "(error)"] for line in text)
     every = json.loads(invoke(cli_watch.status_command, ["--json"]).output)["runs"]
     assert [r["run"] for r in every] == [RUN]   # the node streams show within their group
 

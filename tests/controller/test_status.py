@@ -117,12 +117,16 @@ def test_a_nan_loss_has_no_difference(store: Store) -> None:
 
 
 @pytest.mark.parametrize("extra, state, reason", [
-    ([ev(13, "job.exited", code=0, final_ok=True)], "exited ok", "finished cleanly"),
+    ([ev(13, "job.exited", code=0, final_ok=True)], "finished", "finished cleanly"),
     ([ev(13, "job.exited", "warn", code=0, final_ok=False, final_reasons=["loss is NaN"]),
-      ev(14, "sidecar.stopping")], "exited failed", "loss is NaN"),  # the sidecar ends after the job
-    ([ev(13, "sidecar.stopping")], "unknown", "the sidecar stopped and no job exit is stored"),
+      ev(14, "sidecar.stopping")], "failed (final)", "loss is NaN"),  # the sidecar ends after the job
+    ([ev(13, "sidecar.stopping")], "lost contact", "the sidecar stopped and no job exit is stored"),
     ([ev(13, "job.exited", "warn", code=0, final_ok=False, final_reasons=["sync failed"])],
-     "exited failed", "but the run failed: sync failed"),
+     "failed (final)", "but the run failed: sync failed"),
+    ([ev(13, "job.exited", "warn", code=137, signal=9, oom_killed=True)], "failed (oom)", "OOM-killed"),
+    ([ev(13, "job.exited", "warn", code=143)], "preempted", "no stop was asked for"),
+    ([ev(13, "job.exited", "warn", code=None, signal=15, stop_requested=True)], "stopped by request",
+     "stopped by request (rgt stop)"),
     ([ev(13, "job.stalled", "warn", state="onset", verdict="hung", idle_s=700.0, budget_s=300.0)],
      "stalled", "no progress for 700 s"),
     ([ev(13, "job.stalled", "warn", state="onset", verdict="idle"),
@@ -139,7 +143,7 @@ def test_unknown_without_events_and_link_states(home: Path) -> None:
     with Store.open() as s:
         s.upsert_run(RUN, host="box1")
         summary = status.summarize(s, RUN, now=NOW)
-        assert summary["state"] == "unknown" and summary["link"]["state"] == "unknown"
+        assert summary["state"] == "launched" and summary["link"]["state"] == "unknown"
         s.apply(RUN, [ev(1, "job.started")], 1)
         s.add_local_event(RUN, "link.lost", "warn", {}, ts=NOW - 60)
         down = status.summarize(s, RUN, now=NOW)

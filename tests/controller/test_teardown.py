@@ -20,12 +20,13 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import teardown
+from controller import life, teardown
 from controller.cli_pull import teardown_command
 from controller.clibase import RgtGroup
 from controller.store import Store
 from onbox import manifest
 from onbox.pullmanifest import build_manifest
+from protocol import Event
 from tests.sshbox import SshBox, sshbox
 
 __all__ = ["sshbox"]
@@ -139,7 +140,12 @@ def rig(tmp_path: Path, sshbox: SshBox, monkeypatch: pytest.MonkeyPatch) -> Iter
     with r.store() as s:
         s.add_host("box", ssh=sshbox.alias, profile="recorder", onbox=ONBOX)
         s.upsert_run(RUN, host="", target="box", run_dir=str(r.run_dir))
+        s.apply(RUN, [job_event(1, "job.started"), job_event(2, "job.exited", code=0, final_ok=True)], 2)
     yield r
+
+
+def job_event(seq: int, kind: str, run: str = RUN, **data: Any) -> Event:
+    return Event(run=run, host="box", seq=seq, ts=time.time() - 100 + seq, kind=kind, sev="info", data=data)
 
 
 def rgt(*args: str, input: Optional[str] = None) -> Result:
@@ -252,6 +258,36 @@ def test_every_closed_gate_names_its_reason(rig: Rig) -> None:
     assert judge(view(ck)).code == "verify_failed"
     rig.fake_pull(bound=False)
     assert judge(view(ck)).code == "not_bound"
+
+
+def test_the_gate_stays_closed_while_the_job_runs_and_says_to_stop_it_first(rig: Rig) -> None:
+    rig.fake_pull()
+    assert plan().gate.open
+    with Store.open() as s:   # relaunched in place: a new attempt, with no exit stored yet
+        s.apply(RUN, [job_event(3, "job.started")], 3)
+    gate = plan().gate
+    assert not gate.open and gate.code == "job_running", gate
+    assert f"stop the job first: `rgt stop {RUN}`" in gate.reason
+    out = rgt("teardown", RUN, "--plan")
+    assert "gate: CLOSED: the job has not ended" in out.stdout and f"rgt stop {RUN}" in out.stdout
+    with Store.open() as s:
+        s.apply(RUN, [job_event(4, "job.exited", code=143, signal=None)], 4)
+    assert plan().gate.open   # ended (however): the pull covers its checkpoints again
+    odd = "run-a;echo x"   # a run id a shell would split is quoted in the plan
+    running = life.Life(life.RUNNING, "running", "no job exit stored")
+    assert "`rgt stop 'run-a;echo x'`" in teardown.judge(odd, None, lambda: {}, running).reason
+
+
+def test_the_runs_own_launch_profile_comes_before_the_hosts(rig: Rig, tmp_path: Path) -> None:
+    other = (tmp_path / "profiles" / "recorder.toml").read_text().replace('name = "recorder"',
+                                                                          'name = "other"')
+    other = other.replace("[actions.destroy]", "[actions.release]")
+    (tmp_path / "profiles" / "other.toml").write_text(other)
+    assert [a.name for a in plan().actions] == ["stop", "destroy"]   # the host's profile
+    with Store.open() as s:
+        s.record_launch(RUN, {"command": ["python", "t.py"], "profile": "other", "host": "box"})
+    p = plan()
+    assert p.profile == "other" and [a.name for a in p.actions] == ["stop", "release"]
 
 
 # ---- running an action -----------------------------------------------------------------------
