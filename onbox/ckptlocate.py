@@ -66,6 +66,8 @@ class Locator:
             if hint["kind"] == "checkpoint":
                 self.hinted.append({**hint, "path": str(path)})
                 found.append((path.parent, "hint"))
+            elif hint["kind"] == "step":
+                found.append((path.parent, "hint"))  # custody reads the step itself (CustodyCore)
             else:
                 found.append((path, "hint"))
         if self.job_cwd is not None:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Set, Tup
 from onbox import ckptcheck, ckptunits, manifest
 from onbox.custodydurable import DurableCopier
 from onbox.errors import ConfigError
+from onbox.hints import HintReader
 from onbox.sources.checkpoints import CHUNK, CheckpointWatcher, Key, RateLimit, sha256_stream, stat_key
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,8 @@ class CustodyCore:
         self._warned_tmp: Set[Tuple[str, int]] = set()
         self._gone: Dict[str, Tuple[float, bool, bool]] = {}  # unit -> (seen, judged, job alive)
         self._dir_units: Set[str] = set()               # directories a hint or a record made units
+        self._step_hints = HintReader(self.run_dir)     # "step" hints of rgt.report.save
+        self._hinted_steps: Dict[Tuple[str, int], int] = {}  # (absolute path, inode) -> step
         self._explicit: Set[str] = set()                # files the job was seen writing
         self._last: Optional[manifest.Record] = None
         self._since = 0.0
@@ -416,11 +419,20 @@ class CustodyCore:
                                format=check.format, size=key0[0], sha256=digest)
             return
         step = ckptcheck.step_of(os.path.relpath(unit, root), check.metadata)
+        if step is None:
+            step = self._hinted_step(unit, key0[2])
         record = manifest.Record(path=self._rec_path(unit), size=key0[0], sha256=digest, mtime_ns=key0[1],
                                  inode=key0[2], step=step, format=check.format, ts=self._clock(),
                                  root=self._outside_root(unit, root))
         self._finish(unit, record, via, check.status, time.perf_counter() - started)
         self._judge_weights(record, [("", check)])
+
+    def _hinted_step(self, unit: str, inode: int) -> Optional[int]:
+        """The step a "step" hint gave this very file (path and inode), written before its rename."""
+        for hint in self._step_hints.poll():
+            if hint["kind"] == "step" and "step" in hint and "inode" in hint:
+                self._hinted_steps[(os.path.abspath(hint["path"]), hint["inode"])] = hint["step"]
+        return self._hinted_steps.get((os.path.abspath(unit), inode))
 
     def _process_dir(self, unit: str, via: str, root: str) -> None:
         """Hash (file by file), check and record one committed directory unit."""

@@ -9,6 +9,8 @@ They append one line per fact; the sidecar's custody and training monitors tail 
     {"v": 1, "kind": "output_dir", "path": "/abs/out", "framework": "hf", "ts": ...}
 
 Kinds: "checkpoint" (a save finished: `path` is the file or directory the framework resumes from),
+"step" (the file about to be renamed to `path`, inode `inode`, holds step `step`: written before the
+rename by `rgt.report.save`, so custody knows the step of a ``latest.pt`` the moment it appears),
 "output_dir" (a directory the framework writes checkpoints under), "removed" (the framework's own
 rotation deleted the checkpoint at `path`: HF `save_total_limit`, Lightning `save_top_k`), and
 "faulthandler" (the process `pid` dumps the Python stacks of all its threads into `path` when it
@@ -39,7 +41,7 @@ from typing import Any, Dict, List, Optional
 
 FILENAME = "hints.jsonl"
 VERSION = 1
-KINDS = ("checkpoint", "output_dir", "removed", "faulthandler")
+KINDS = ("checkpoint", "step", "output_dir", "removed", "faulthandler")
 STACKS_DIR = "stacks"
 MAX_LINE_BYTES = 8192
 MAX_READ_BYTES = 1 << 20
@@ -65,7 +67,8 @@ def _valid_signal(value: Any) -> bool:
 
 
 def write(kind: str, path: str, *, step: Optional[int] = None, framework: Optional[str] = None,
-          run_dir: Optional[str] = None, pid: Optional[int] = None, signal: Optional[int] = None) -> bool:
+          run_dir: Optional[str] = None, pid: Optional[int] = None, signal: Optional[int] = None,
+          inode: Optional[int] = None) -> bool:
     """Append one hint line (one write(2) of a whole line, O_APPEND); False when there is no run,
     the hint is malformed (a "faulthandler" hint needs `pid` and `signal`) or the write failed.
     Never raises: a hint must not break the training job."""
@@ -79,6 +82,8 @@ def write(kind: str, path: str, *, step: Optional[int] = None, framework: Option
         doc["pid"], doc["signal"] = pid, signal
     if step is not None:
         doc["step"] = int(step)
+    if inode is not None:
+        doc["inode"] = int(inode)
     if framework:
         doc["framework"] = str(framework)
     line = (json.dumps(doc, separators=(",", ":")) + "\n").encode("utf-8", "replace")
@@ -116,6 +121,9 @@ def parse(line: bytes) -> Optional[Dict[str, Any]]:
     step = doc.get("step")
     if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 1 << 62:
         out["step"] = step
+    inode = doc.get("inode")
+    if isinstance(inode, int) and not isinstance(inode, bool) and 0 <= inode < 1 << 64:
+        out["inode"] = inode
     if isinstance(doc.get("framework"), str):
         out["framework"] = doc["framework"][:32]
     ts = doc.get("ts")

@@ -120,9 +120,9 @@ def save(obj: Any, name_or_path: PathLike, *, fmt: str = "torch", step: Optional
 
     A bare name goes into $RGT_CKPT_DIR (default ./checkpoints); a path with a directory is used as
     given. ``{step}`` in the name is filled from `step`. A `step` is recorded whatever the name says:
-    safetensors keeps it in its metadata, and under rgt (RGT_RUN_DIR set) a "checkpoint" hint naming
-    the final path and the step goes to <run>/rgt/hints.jsonl once the file is in place, so custody
-    knows the step of ``latest.pt`` too (not "step None").
+    safetensors keeps it in its metadata, and under rgt (RGT_RUN_DIR set) a "step" hint naming the
+    final path, the temp file's inode and the step goes to <run>/rgt/hints.jsonl before the rename
+    and a "checkpoint" hint after it, so custody knows the step of ``latest.pt`` too (not "step None").
 
     The bytes go to a temp file ending in ``.tmp`` in the same directory, are flushed and fsynced,
     renamed over the final name, and the directory is fsynced: a reader sees the old file or the
@@ -141,6 +141,8 @@ def save(obj: Any, name_or_path: PathLike, *, fmt: str = "torch", step: Optional
         else:
             _write_safetensors(obj, tmp, step)
         os.chmod(tmp, 0o644)
+        if step is not None:  # before the rename: custody may record the file the moment it appears
+            hints.write("step", str(final), step=int(step), inode=os.stat(tmp).st_ino, framework="report")
         os.replace(tmp, final)
     except BaseException:
         try:

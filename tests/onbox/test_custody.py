@@ -221,6 +221,24 @@ def test_the_job_helper_save_is_committed_by_rename(custody: Factory) -> None:
     assert not h.events.of("ckpt.suspect")
 
 
+def test_the_job_helper_save_gives_its_step_to_a_name_without_one(custody: Factory,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from onbox import report
+
+    h = custody()
+    monkeypatch.setenv("RGT_RUN_DIR", str(h.run))
+    (h.run / "rgt").mkdir(parents=True, exist_ok=True)
+    first = report.save(state(1), h.ckpt / "latest.pt", step=300)
+    h.events.wait_for("ckpt.saved")
+    second = report.save(state(2), h.ckpt / "latest.pt", step=360)  # the same name, a new inode
+    saved = h.events.wait_for("ckpt.saved", 2)
+    h.idle()
+    assert [(d["path"], d["step"]) for d in saved] == [("checkpoints/latest.pt", 300),
+                                                       ("checkpoints/latest.pt", 360)]
+    assert saved[1]["sha256"] == sha256(second) and first == second
+    assert [r.step for r in assert_manifest_true(h.run)] == [300, 360]
+
+
 def test_direct_save_commits_by_close_and_a_rewrite_is_not_atomic(custody: Factory) -> None:
     h = custody()
     path = h.ckpt / "latest.pt"

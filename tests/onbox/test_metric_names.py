@@ -173,7 +173,8 @@ def test_report_save_records_the_step_whatever_the_name(job_env: Path) -> None:
     unstepped = report.save({"w": torch.ones(2)}, "other.pt")
     reader = hints.HintReader(job_env)
     got = [(h["kind"], h["path"], h.get("step")) for h in reader.poll()]
-    assert got == [("checkpoint", str(latest), 300), ("checkpoint", str(named), 400)]
+    assert got == [("step", str(latest), 300), ("checkpoint", str(latest), 300),
+                   ("step", str(named), 400), ("checkpoint", str(named), 400)]
     assert latest.is_file() and named.name == "step000400.pt" and unstepped.is_file()
 
 
