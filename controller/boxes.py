@@ -23,7 +23,7 @@ from controller.ssh import LocalShell, Ssh, SshError
 from controller.store import AmbiguousRun, RunNotFound, Store
 
 Shell = Union[Ssh, LocalShell]
-STOP_ANSWER_KIND = "run.stop_answered"   # the box's answer to a recorded stop request
+STOP_ANSWER_KIND = life.STOP_ANSWER_KIND   # the box's answer to a recorded stop request
 __all__ = ["LOCAL", "STOP_ANSWER_KIND", "BoxError", "Code", "host_record", "launch", "new_run_id",
            "onbox_command", "recorded", "run_state", "shell_for", "stop"]
 

@@ -20,7 +20,7 @@ import json
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
-from controller import install, teardown
+from controller import install, life, teardown
 from controller.output import error_tail
 from controller.render import printable
 from controller.ssh import SshError
@@ -101,7 +101,8 @@ def host_gates(store: Store, host: str) -> List[RunGate]:
             continue
         run = str(info["run"])
         gates.append(RunGate(run, teardown.judge(run, teardown.pulled_dir_of(store, run),
-                                                 _viewer(store, host, str(info["run_dir"])))))
+                                                 _viewer(store, host, str(info["run_dir"])),
+                                                 job=life.of_run(store, run))))
     return gates
 
 

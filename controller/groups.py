@@ -143,7 +143,7 @@ def read_view(store: Store, stream: str, node: str) -> NodeView:
         elif ev.kind == "sidecar.started":
             stopped = False
     since_ts = next((e.ts for e in found if e.seq == started), 0.0) if started else 0.0
-    asked = life.stop_request(store.local_events(stream, kind_prefix=life.STOP_KIND), since_ts)
+    asked = life.stop_request(life.stop_events(store, stream), since_ts)
     by_request = exited is not None and life.of_run(store, stream).state == life.STOPPED
     return NodeView(node=node, stream=stream, started_seq=started, exit=exited,
                     over=exited is not None or stopped, stall=stall,

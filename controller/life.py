@@ -24,7 +24,7 @@ only events after the newest job.started count.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from controller.store import LocalEvent, Store
 
@@ -36,6 +36,7 @@ STATES = (LAUNCHED, RUNNING, *ENDED)
 SIGTERM = 15
 SIGTERM_CODES = (143, -SIGTERM)   # a shell's 128+15, and Python's returncode for the signal
 STOP_KIND = "run.stop_requested"  # the laptop's own record of a stop it asked the box for
+STOP_ANSWER_KIND = "run.stop_answered"   # the box's answer to it: "not_running" voids the request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,12 +109,20 @@ def exit_life(data: Mapping[str, Any], *, evidence: Optional[Mapping[str, Any]] 
 
 
 def stop_request(local: Sequence[LocalEvent], after_ts: float = 0.0) -> Optional[LocalEvent]:
-    """The laptop's newest stop request at or after after_ts, or None."""
+    """The laptop's newest stop request at or after after_ts that the box did not answer with
+    "not_running" (the job had ended on its own: its exit, even a crash, is not a stop), or None."""
+    void = {ev.data.get("request_id") for ev in local
+            if ev.kind == STOP_ANSWER_KIND and ev.data.get("outcome") == "not_running"}
     found = None
     for ev in local:
-        if ev.kind == STOP_KIND and ev.ts >= after_ts:
+        if ev.kind == STOP_KIND and ev.ts >= after_ts and ev.id not in void:
             found = ev
     return found
+
+
+def stop_events(store: Store, run: str, since_id: int = 0) -> List[LocalEvent]:
+    """The laptop's stop requests of a run and the box's answers to them, for stop_request."""
+    return store.local_events(run, since_id=since_id, kind_prefix="run.stop_")
 
 
 def _stopped_by(request: Optional[LocalEvent]) -> Optional[str]:
@@ -129,7 +138,7 @@ def of_run(store: Store, run: str) -> Life:
     started = store.events(run, kind_prefix="job.started")
     since = started[-1].seq - 1 if started else 0
     since_ts = started[-1].ts if started else 0.0
-    local = store.local_events(run, kind_prefix=STOP_KIND)
+    local = stop_events(store, run)
     exited = store.events(run, since=since, kind_prefix="job.exited", limit=1)
     if exited:
         end = exited[0]
@@ -153,4 +162,5 @@ def of_run(store: Store, run: str) -> Life:
 
 
 __all__ = ["ENDED", "FAILED", "FINISHED", "LAUNCHED", "LOST", "Life", "PREEMPTED", "RUNNING", "STATES",
-           "STOPPED", "STOP_KIND", "VANISHED", "exit_life", "of_run", "stop_request"]
+           "STOPPED", "STOP_ANSWER_KIND", "STOP_KIND", "VANISHED", "exit_life", "of_run", "stop_events",
+           "stop_request"]

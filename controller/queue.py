@@ -434,7 +434,7 @@ def _exit_outcome(data: Mapping[str, Any], seq: int, preempted: bool, nonfinite:
 
 def _asked_by(store: Store, run: str, since_local: int) -> Optional[str]:
     """Who asked rgt to stop this attempt (its newest stop request after since_local), or None."""
-    asked = life.stop_request(store.local_events(run, since_id=since_local, kind_prefix=life.STOP_KIND))
+    asked = life.stop_request(life.stop_events(store, run, since_id=since_local))
     if asked is None:
         return None
     by = asked.data.get("by")

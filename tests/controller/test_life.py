@@ -188,6 +188,19 @@ def test_a_sigterm_exit_with_no_stop_request_is_a_preemption(box: Journal) -> No
     assert "no stop" in found.reason
 
 
+def test_a_request_the_box_answered_not_running_is_not_a_stop(box: Journal) -> None:
+    box.started()
+    asked = box.store.add_local_event(RUN, life.STOP_KIND, "info", {"by": "rgt stop"}, ts=T0 + 10)
+    box.store.add_local_event(RUN, life.STOP_ANSWER_KIND, "info",
+                              {"request_id": asked.id, "outcome": "not_running"}, ts=T0 + 11)
+    box.exited(code=1, ts=T0 + 20)   # the crash that ended it before the stop reached the box
+    found = box.life()
+    assert (found.state, found.outcome, found.stopped_by) == (life.FAILED, "error", None)
+    box.store.add_local_event(RUN, life.STOP_ANSWER_KIND, "info",
+                              {"request_id": asked.id + 99, "outcome": "not_running"}, ts=T0 + 12)
+    assert box.life().state == life.FAILED   # an answer to another request voids nothing else
+
+
 def test_a_request_without_a_by_counts_as_rgt_stop(box: Journal) -> None:
     box.started()
     box.store.add_local_event(RUN, life.STOP_KIND, "info", {}, ts=T0 + 10)

@@ -134,7 +134,7 @@ def test_a_rank_that_fails_while_the_other_waits_is_rank_failed(rgt_local: Rgt, 
         assert status["state"] == "rank failed"
         states = [(n["node"], n["state"]) for n in status["nodes"]]
         # n0 waits by SIGSTOPping itself (train_tiny --hang-at): the sidecar names a stopped process at once
-    assert states == [("n0", "stalled"), ("n1", "exited failed")]
+    assert states == [("n0", "stalled"), ("n1", "failed (error)")]
     assert alloc.wait() != 0                       # srun passed the worst node's status on
     assert len(verdicts(run, "job.rank_failed")) == 1
 
