@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import heapq
 import math
+import shlex
 import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import protocol
+from protocol.metrics import is_metric_name
 
-from controller import life, wake
+from controller import life, metricref, wake
 from controller.render import local_time, printable
 from controller.store import LocalEvent, Store
 from controller.wake import AnyEvent, number, seconds, size
@@ -179,8 +181,9 @@ def _progress(reader: _Reader, meta: Mapping[str, Any], now: float) -> Dict[str,
     age, box_age = _age(now, ev.ts if ev else None), _num(d.get("data_age_s"))
     total_age = None if age is None else round(age + (box_age or 0.0), 1)
     raw = d.get("scalars")
-    scalars = {str(name): {"value": value, "data_age_s": total_age}
-               for name, value in (raw.items() if isinstance(raw, Mapping) else ())}
+    pairs = raw.items() if isinstance(raw, Mapping) else ()
+    scalars = {str(name): {"value": value, "data_age_s": total_age}   # an older sidecar still sends `time`
+               for name, value in pairs if is_metric_name(str(name))}
     pct = round(100.0 * step / expected, 1) if expected and step is not None else None
     return {"step": d.get("step"), "epoch": d.get("epoch"), "steps_per_s": rate, "expected_steps": expected,
             "progress_pct": pct, "eta_s": eta, "scalars": scalars,
@@ -268,43 +271,6 @@ def _disk(reader: _Reader, now: float) -> Dict[str, Any]:
     return {"filesystems": fs, "age_s": _age(now, ev.ts if ev is not None else None)}
 
 
-def _series(store: Store, run: str) -> List[Tuple[Optional[float], Optional[float], Mapping[str, Any]]]:
-    """(step, epoch, scalars) of every train.progress of a run, in seq order."""
-    out = []
-    for ev in all_events(store, run, "train.progress"):
-        scalars = ev.data.get("scalars")
-        out.append((_num(ev.data.get("step")), _num(ev.data.get("epoch")),
-                    scalars if isinstance(scalars, Mapping) else {}))
-    return out
-
-
-def reference(store: Store, ref: str, progress: Mapping[str, Any]) -> Dict[str, Any]:
-    """The reference run's value of each current scalar at the same step (else epoch): the last
-    reference value at a step <= the current one, and the difference (absolute and relative)."""
-    ref_id = store.resolve_run(ref)
-    series = _series(store, ref_id)
-    step, epoch = _num(progress.get("step")), _num(progress.get("epoch"))
-    by_step = step is not None and any(point[0] is not None for point in series)
-    by, at = ("step", step) if by_step else ("epoch", epoch)
-    out: Dict[str, Any] = {"run": ref_id, "by": by, "at": at, "metrics": {}}
-    if at is None:
-        return out
-    for name, cur in progress.get("scalars", {}).items():
-        best: Optional[Tuple[float, Any]] = None
-        for p_step, p_epoch, scalars in series:
-            x = p_step if by_step else p_epoch
-            if x is not None and x <= at and name in scalars and (best is None or x >= best[0]):
-                best = (x, scalars[name])
-        if best is None:
-            continue
-        value, ref_value = _num(cur.get("value")), _num(best[1])
-        diff = value - ref_value if value is not None and ref_value is not None else None
-        rel = diff / abs(ref_value) if diff is not None and ref_value else None
-        out["metrics"][name] = {"value": cur.get("value"), "ref_value": best[1], "ref_at": best[0],
-                                "diff": diff, "rel_diff": rel}
-    return out
-
-
 # ---- one history over boxes (`rgt resume`) -----------------------------------------------
 
 
@@ -390,7 +356,7 @@ def summarize(store: Store, run: str, ref: Optional[str] = None,
         "events": {"stored": store.count_events(run_id), "local": len(local), **reader.counts,
                    "cursor": store.cursor(run_id)},
         "gaps": gaps, "missing_events": sum(g["last_seq"] - g["first_seq"] + 1 for g in gaps),
-        "ref": reference(store, ref, progress) if ref else None,
+        "ref": metricref.reference(store, ref, progress, run=run_id) if ref else None,
         "deadman": _deadman(reader, now),
         "history": history(store, run_id),
     }
@@ -466,9 +432,10 @@ def render(s: Mapping[str, Any]) -> str:
         lines.append(f"  metrics   {_scalars(s)}")
     ref = s.get("ref")
     if ref:
-        cmp = [f"{n} {number(m['ref_value'])} at {ref['by']} {number(m['ref_at'])} (diff {number(m['diff'])}"
+        cmp = [f"{n} {number(m['ref_value'])} {m['note']} (diff {number(m['diff'])}"
                + (f", {100 * m['rel_diff']:+.1f}%" if m.get("rel_diff") is not None else "") + ")"
                for n, m in ref["metrics"].items()]
+        cmp += [f"{n}: not compared ({why})" for n, why in (ref.get("skipped") or {}).items()]
         lines.append(f"  vs ref    {ref['run']}: " + ("; ".join(cmp) or "no comparable point"))
     lines += [f"  gpu       {_gpu_line(g)}" for g in s["gpus"]] or ["  gpu       no GPU samples stored"]
     ck = s.get("checkpoint")
@@ -492,7 +459,8 @@ def render(s: Mapping[str, Any]) -> str:
                  + (f", last heartbeat {seconds(hb)} ago" if hb is not None else ""))
     dm = s.get("deadman")
     if dm:
-        lines.append(f"  deadman   {dm['state']} ({seconds(dm['age_s'])} ago; rgt deadman HOST status)")
+        where = shlex.quote(str(s.get("target") or s.get("host") or "HOST"))
+        lines.append(f"  deadman   {dm['state']} ({seconds(dm['age_s'])} ago; rgt deadman {where} status)")
     ev = s["events"]
     lines.append(f"  events    {number(ev['stored'])} stored ({ev['warn']} warn, {ev['critical']} critical), "
                  f"{ev['local']} local; " + (f"{s['missing_events']} lost in {len(s['gaps'])} gap(s)"
@@ -500,5 +468,5 @@ def render(s: Mapping[str, Any]) -> str:
     return "\n".join(printable(line) for line in lines)
 
 
-__all__ = ["all_events", "link_for", "link_state", "nonfinite_checkpoints", "one_line", "reference", "render",
+__all__ = ["all_events", "link_for", "link_state", "nonfinite_checkpoints", "one_line", "render",
            "state_label", "summarize"]

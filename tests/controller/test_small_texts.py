@@ -133,8 +133,6 @@ def test_a_closed_gate_hint_names_the_run_to_verify(home: Path) -> None:
     assert not re.search(r"\b(DIR|HOST|RUN)\b", hint), hint
 
 
-@pytest.mark.xfail(strict=True, reason="controller/status.py render() prints `rgt deadman HOST status`; "
-                                       "it should name the run's host (the store's target)")
 def test_status_names_the_host_in_its_dead_man_hint(home: Path) -> None:
     with Store.open() as store:
         store.upsert_run("run-a", host="box1", target="gpu1", run_dir="/r/run-a")

@@ -94,10 +94,11 @@ def test_reference_at_the_same_step(store: Store) -> None:
     assert loss["diff"] == pytest.approx(-0.8) and loss["rel_diff"] == pytest.approx(-0.5)
 
 
-def test_reference_takes_the_last_value_at_or_below_the_step(store: Store) -> None:
+def test_reference_between_two_logged_steps_is_interpolated_at_the_same_step(store: Store) -> None:
     store.apply(RUN, [progress(13, 450, 0.7, 5)], 13)
     loss = status.summarize(store, RUN, REF, now=NOW)["ref"]["metrics"]["loss"]
-    assert loss["ref_at"] == 400 and loss["diff"] == pytest.approx(0.7 - 1.6)
+    assert loss["ref_at"] == 450 and loss["how"] == "interpolated" and "interpolated" in loss["note"]
+    assert loss["ref_value"] == pytest.approx(1.55) and loss["diff"] == pytest.approx(0.7 - 1.55)
 
 
 def test_reference_by_epoch_when_steps_are_missing(home: Path) -> None:
@@ -106,8 +107,8 @@ def test_reference_by_epoch_when_steps_are_missing(home: Path) -> None:
                       for i in range(1, 5)], 4)
         s.apply(RUN, [ev(1, "train.progress", epoch=2.5, scalars={"acc": 0.3})], 1)
         ref = status.summarize(s, RUN, REF, now=NOW)["ref"]
-    assert ref["by"] == "epoch" and ref["metrics"]["acc"]["ref_at"] == 2.0
-    assert ref["metrics"]["acc"]["diff"] == pytest.approx(0.1)
+    assert ref["by"] == "epoch" and ref["metrics"]["acc"]["ref_at"] == 2.5
+    assert ref["metrics"]["acc"]["diff"] == pytest.approx(0.3 - 0.25)
 
 
 def test_a_nan_loss_has_no_difference(store: Store) -> None:
