@@ -58,7 +58,7 @@ def _num(x: Any, signed: bool = False) -> str:
 def _spread_text(row: Dict[str, Any]) -> str:
     spread = row.get("spread")
     if not spread:
-        return "-"
+        return "not enough seeds" if row.get("spread_note") else "-"
     seeds = max(g["seeds"] for g in spread["groups"])
     verdict = {True: "inside", False: "OUTSIDE", None: "?"}[spread["inside"]]
     return f"{verdict} (range {spread['range']:.4g}, {seeds} seeds)"
@@ -72,7 +72,9 @@ def _metric_lines(rows: List[Dict[str, Any]]) -> List[str]:
                       _num(r["b"]), _num(r["diff"], True),
                       "-" if rel is None or not math.isfinite(rel) else f"{rel * 100:+.2f}%",
                       _spread_text(r)))
-    return _table(table)
+    lines = _table(table)
+    lines += [render.printable(f"  {r['metric']}: {r['note']}") for r in rows if r.get("note")]
+    return lines
 
 
 def _print_human(report: Dict[str, Any]) -> None:

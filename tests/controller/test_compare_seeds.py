@@ -25,6 +25,7 @@ def test_two_runs_estimate_no_spread(tmp_path: Path) -> None:
     res = rgt(str(runs["r0"]), str(runs["r1"]))
     assert res.exit_code == 0 and "OUTSIDE" not in res.stdout + res.stderr
     assert NOT_ENOUGH in res.stderr
+    assert "not enough seeds" in res.stdout   # the table's SEED SPREAD column says so too, not "-"
 
 
 def test_two_seeds_beside_a_are_still_not_enough(tmp_path: Path) -> None:
