@@ -267,7 +267,9 @@ def _metric_stage(run_dir: Path, files: List[FileReport], eval_cmd: str, metric:
     results: List[MetricResult] = []
     for i, target in enumerate(todo):
         unproved = [p for p in target.files if by_path[p].identity != "ok" or by_path[p].load != "ok"]
-        if unproved:
+        if every and reported is not None and target.step not in reported and i < len(todo) - 1:
+            res = verify_metric.not_compared(target, metric, reported)
+        elif unproved:
             res = MetricResult(target.step, target.ckpt, False,
                                f"not evaluated: {unproved[0]} failed identity or safe load")
         else:
@@ -278,7 +280,7 @@ def _metric_stage(run_dir: Path, files: List[FileReport], eval_cmd: str, metric:
                                                  timeout_s, paths, refused, pins)
         results.append(res)
         for p in target.files:
-            by_path[p].metric = "ok" if res.ok else res.reason
+            by_path[p].metric = "ok" if res.ok and res.compared else res.reason
         if progress is not None:
             progress("metric", i + 1, len(todo))
     failed = sum(1 for r in results if not r.ok)

@@ -15,8 +15,10 @@ number it prints with the number the run reported for that checkpoint's step.
   `{ckpt}` inside an argument is replaced by the checkpoint's absolute path, so the path is one
   argument whatever characters it holds. A template without {ckpt} is a usage error.
 - The eval's value: the LAST line of its stdout that is a JSON object, key `metric`.
-- The run's value: <run>/metrics.jsonl, the last line with that exact step that has the metric,
-  else the nearest earlier step that has it; none at all fails as "nothing to compare".
+- The run's value: <run>/metrics.jsonl, the last line with that exact step that has the metric.
+  A value logged at another step is never compared (other weights gave it): for the newest
+  checkpoint that fails as "nothing to compare"; with every=True an older checkpoint whose step
+  the run did not log is listed as not compared (`compared` false) and evaluated by nobody.
 - Equal when |a - b| <= max(tolerance x max(|a|, |b|), ABS_TOLERANCE).
 """
 from __future__ import annotations
@@ -77,11 +79,22 @@ def reported_values(path: Path, metric: str) -> Dict[int, float]:
 
 
 def reported_for(values: Dict[int, float], step: int) -> Optional[Tuple[int, float]]:
-    """(step, value) at `step`, else at the nearest earlier step; None when there is none."""
-    if step in values:
-        return step, values[step]
-    earlier = [s for s in values if s < step]
-    return (max(earlier), values[max(earlier)]) if earlier else None
+    """(step, value) at exactly `step`; None when the run did not log the metric there."""
+    return (step, values[step]) if step in values else None
+
+
+def logged_near(values: Dict[int, float], step: int) -> str:
+    """Where the run did log the metric around `step`, in words ("" when nowhere)."""
+    before = [s for s in values if s < step]
+    after = [s for s in values if s > step]
+    near = ([max(before)] if before else []) + ([min(after)] if after else [])
+    return f" (it logged it at step {' and '.join(map(str, near))})" if near else ""
+
+
+def not_compared(target: Target, metric: str, values: Dict[int, float]) -> MetricResult:
+    """An older checkpoint of --eval-all whose step the run never logged the metric at."""
+    return MetricResult(target.step, target.ckpt, True, f"not compared: the run reported no {metric!r} at "
+                        f"step {target.step}{logged_near(values, target.step)}", compared=False)
 
 
 def close_enough(a: float, b: float, tolerance: float) -> bool:
@@ -121,6 +134,7 @@ class MetricResult:
     recomputed: Optional[float] = None
     reported: Optional[float] = None
     reported_step: Optional[int] = None
+    compared: bool = True      # False: not evaluated, no value was logged at this step
     given: List[str] = dataclasses.field(default_factory=list)  # what the eval's view held
     withheld: List[Dict[str, str]] = dataclasses.field(default_factory=list)  # {"path", "reason"}
     view: Optional[str] = None  # "hard links" | "copies" | "hard links and copies"
@@ -254,8 +268,9 @@ def evaluate(run_dir: Path, target: Target, template: str, metric: str, toleranc
     found = reported_for(reported, target.step) if reported is not None else None
     if found is None:
         where = METRICS_FILE if reported is not None else f"no {METRICS_FILE}"
-        res.reason = (f"nothing to compare: the run reported no {metric!r} at or before step "
-                      f"{target.step} ({where})")
+        near = logged_near(reported, target.step) if reported is not None else ""
+        res.reason = (f"nothing to compare: the run reported no {metric!r} at step {target.step}{near} "
+                      f"({where}); a recomputed metric is compared at its checkpoint's own step only")
         return res
     res.reported_step, res.reported = found
     res.ok = close_enough(value, found[1], tolerance)

@@ -365,21 +365,24 @@ def test_a_disagreeing_metric_fails_with_both_numbers(run: Path, tmp_path: Path,
     assert stored(run)["proofs"]["metric"]["status"] == "failed"
 
 
-def test_eval_all_uses_the_nearest_earlier_reported_step(run: Path, tmp_path: Path, no_seam: None) -> None:
+def test_eval_all_compares_each_checkpoint_at_its_own_step_only(run: Path, tmp_path: Path,
+                                                                no_seam: None) -> None:
     (run / "metrics.jsonl").write_text('{"step": 90, "loss": 0.25}\n{"step": 200, "loss": 0.25}\n')
     write_manifest(run, entries_of(run))
     report = verify(run, eval_cmd=eval_script(tmp_path, 0.25), eval_all=True)
     assert report.ok, report.failures()
-    assert [(r["step"], r["reported_step"]) for r in report.proofs["metric"]["evaluated"]] == [(100, 90),
-                                                                                               (200, 200)]
-    assert len(calls(tmp_path)) == 2
+    got = [(r["step"], r["reported_step"], r["compared"]) for r in report.proofs["metric"]["evaluated"]]
+    assert got == [(100, None, False), (200, 200, True)]   # step 90's value never stands for step 100
+    assert "no 'loss' at step 100 (it logged it at step 90 and 200)" in \
+        report.proofs["metric"]["evaluated"][0]["reason"]
+    assert len(calls(tmp_path)) == 1
 
 
 def test_no_reported_value_is_nothing_to_compare(run: Path, tmp_path: Path, no_seam: None) -> None:
     (run / "metrics.jsonl").write_text('{"step": 300, "loss": 0.25}\n{"step": 200, "acc": 1}\n')
     write_manifest(run, entries_of(run))
     line = one_failure(verify(run, eval_cmd=eval_script(tmp_path, 0.25)), f"{ST200}: metric: ")
-    assert "nothing to compare: the run reported no 'loss' at or before step 200" in line
+    assert "nothing to compare: the run reported no 'loss' at step 200 (it logged it at step 300)" in line
 
 
 def test_the_checkpoint_path_is_one_argument_never_shell_text(tmp_path: Path, no_seam: None,
