@@ -12,10 +12,9 @@ from __future__ import annotations
 import importlib
 import logging
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import click
-import protocol
 
 from controller import render
 from controller.clibase import (
@@ -88,7 +87,10 @@ def main(ctx: click.Context, debug: bool) -> None:
 # ---- rgt events -----------------------------------------------------------------
 
 
-def _print(lines: Callable[[protocol.Event], str], batch: Sequence[protocol.Event]) -> None:
+_Shown = TypeVar("_Shown")
+
+
+def _print(lines: Callable[[_Shown], str], batch: Sequence[_Shown]) -> None:
     click.echo("\n".join(lines(e) for e in batch))
 
 
@@ -97,26 +99,32 @@ def _print(lines: Callable[[protocol.Event], str], batch: Sequence[protocol.Even
 @JSON_OPTION
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events until Ctrl-C.")
 @click.option("--kind", "kind_prefix", metavar="PREFIX",
-              help="Only kinds that start with PREFIX (gpu., job.exited).")
+              help="Only kinds that start with PREFIX (gpu., job.exited, link.).")
 @click.option("--since", type=click.IntRange(min=0), default=0, metavar="SEQ",
-              help="Only events after seq SEQ.")
+              help="Only box events after seq SEQ, and controller events recorded after it.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, metavar="N",
               help="Stop after N events (also with --follow).")
 def events_command(run: str, as_json: bool, follow: bool, kind_prefix: Optional[str],
                    since: int, limit: Optional[int]) -> None:
-    """Print the events of RUN (a run id, or a unique prefix of one)."""
-    from controller.events import iter_events
+    """Print every event of RUN (a run id, or a unique prefix of one) in time order.
+
+    Box events (the sidecar's journal) and controller events (what rgt recorded itself:
+    link.lost, link.restored, sidecar.silent, run.stop_requested, verification results, ...)
+    in one stream; the SOURCE column (the "source" field with --json) says which: "box" or
+    "controller". A controller event has no seq ("-"; null and its "id" with --json).
+    """
+    from controller import eventlog
     from controller.store import Store
 
-    line = render.json_line if as_json else render.table_row
+    line = eventlog.json_line if as_json else eventlog.table_row
     with Store.open() as store:
         run_id = store.resolve_run(run)
         if not as_json:
-            click.echo(render.table_header())
+            click.echo(eventlog.table_header())
         with sigterm_as_interrupt():
             try:
-                for batch in iter_events(store, run_id, since=since, kind_prefix=kind_prefix,
-                                         limit=limit, follow=follow):
+                for batch in eventlog.iter_stream(store, run_id, since=since, kind_prefix=kind_prefix,
+                                                  limit=limit, follow=follow):
                     _print(line, batch)
             except KeyboardInterrupt:
                 if not follow:

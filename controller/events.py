@@ -1,6 +1,7 @@
-"""Reading a run's events from the store, once or following new ones.
+"""Reading a run's box events from the store, once or following new ones.
 
-Shared by `rgt events` and, later, `rgt watch` and `rgt status`.
+`BoxReader` is what a follower has considered so far; `iter_events` pages through it. The merged
+stream of `rgt events` (box and controller events together) is controller.eventlog.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ PAGE = 1000       # events read per query
 MAX_PENDING = 50_000
 
 
-def _wait_for_change(store: Store, version: int, stop: threading.Event, poll_s: float) -> bool:
+def wait_for_change(store: Store, version: int, stop: threading.Event, poll_s: float) -> bool:
     """Block until another connection commits (True) or stop is set (False)."""
     while not stop.wait(poll_s):
         if store.data_version() != version:
@@ -46,38 +47,54 @@ def _scan(store: Store, run: str, since: int, kind_prefix: Optional[str], page: 
         pos = batch[-1].seq
 
 
+class BoxReader:
+    """The box events of one run not read yet (seq > since), read again after each commit.
+
+    Events at or below the run's cursor are final (Store.apply's contract), so a follower keeps
+    a floor (every seq <= it considered) and the seqs it showed above it: the events a gap
+    repair brings in later, below ones already shown, are still shown, once each.
+    """
+
+    def __init__(self, store: Store, run: str, *, since: int = 0, kind_prefix: Optional[str] = None,
+                 follow: bool = False, page: int = PAGE) -> None:
+        self.store, self.run, self.kind_prefix, self.page = store, run, kind_prefix, page
+        self.floor = since                                              # every seq <= it considered
+        self.shown: Optional[Set[int]] = set() if follow else None     # shown seqs above floor
+
+    def read(self) -> Iterator[List[protocol.Event]]:
+        """Non-empty pages of what was not read yet, in seq order (without follow: what is stored)."""
+        settled = self.store.cursor(self.run)   # read before scanning: all events <= it are visible
+        yield from _scan(self.store, self.run, self.floor, self.kind_prefix, self.page, self.shown)
+        if self.shown is None:   # not following: one read
+            return
+        self.floor = max(self.floor, settled)
+        self.shown = {seq for seq in self.shown if seq > self.floor}
+        if len(self.shown) > MAX_PENDING:
+            log.warning("run %s: %d events above its cursor %d; no longer waiting for the gap "
+                        "below them", self.run, len(self.shown), self.floor)
+            self.floor, self.shown = max(self.shown), set()
+
+
 def iter_events(store: Store, run: str, *, since: int = 0, kind_prefix: Optional[str] = None,
                 limit: Optional[int] = None, follow: bool = False,
                 stop: Optional[threading.Event] = None, poll_s: float = POLL_S,
                 page: int = PAGE) -> Iterator[List[protocol.Event]]:
-    """Non-empty batches of a run's events (seq > since), at most `limit` in all.
+    """Non-empty batches of a run's box events (seq > since), at most `limit` in all.
 
     Without follow: what is stored now, in seq order. With follow: then every
-    event as it lands, until `stop` is set. Events at or below the run's
-    cursor are final (Store.apply's contract), so the events a gap repair
-    brings in later, below ones already shown, are still shown, once each.
+    event as it lands (BoxReader), until `stop` is set.
     """
     stop = threading.Event() if stop is None else stop
     remaining = limit
-    floor = since                 # every event <= floor has been considered
-    shown: Optional[Set[int]] = set() if follow else None   # shown seqs above floor
+    reader = BoxReader(store, run, since=since, kind_prefix=kind_prefix, follow=follow, page=page)
     while True:
         version = store.data_version()
-        settled = store.cursor(run)   # read before scanning: all events <= it are visible
-        for batch in _scan(store, run, floor, kind_prefix, page, shown):
+        for batch in reader.read():
             if remaining is not None:
                 batch = batch[:remaining]
                 remaining -= len(batch)
             yield batch
             if remaining == 0:
                 return
-        if shown is None:
-            return
-        floor = max(floor, settled)
-        shown = {seq for seq in shown if seq > floor}
-        if len(shown) > MAX_PENDING:
-            log.warning("run %s: %d events above its cursor %d; no longer waiting for the gap "
-                        "below them", run, len(shown), floor)
-            floor, shown = max(shown), set()
-        if not _wait_for_change(store, version, stop, poll_s):
+        if not follow or not wait_for_change(store, version, stop, poll_s):
             return

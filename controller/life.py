@@ -152,7 +152,8 @@ def of_run(store: Store, run: str) -> Life:
         return exit_life(end.data, evidence=evidence, stopped_by=_stopped_by(request),
                          preempted=bool(before), nonfinite=bool(nan))
     stopping = store.events(run, since=since, kind_prefix="sidecar.stopping")
-    if stopping:
+    restarted = store.events(run, since=stopping[-1].seq, kind_prefix="sidecar.started") if stopping else []
+    if stopping and not restarted:   # a sidecar started again after it (a reboot, a restart) still runs
         last = stopping[-1]
         return Life(LOST, "lost", "the sidecar stopped and no job exit is stored: nothing more will "
                     "arrive; check the box", {"kind": last.kind, "seq": last.seq, "ts": last.ts})

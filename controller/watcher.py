@@ -17,9 +17,15 @@ died. When the link is up but no event arrives for three heartbeat intervals,
 verdicts (controller.groups) after each job event it stores, and every GROUP_RECHECK_S.
 
 A run is over when its job's exit is stored: `sidecar.stopping` alone ends nothing (a supervisor
-restarts a stopped sidecar while the job trains on). The run id names the watcher's files and the
-tunnel sockets, so it is checked (controller.boxtrust) before any path is made of it, and the
-subscriber refuses a sidecar that answers for another run or host.
+restarts a stopped sidecar while the job trains on). Once the exit is stored the watcher drains what
+follows it (custody's last checkpoint, the sidecar's stop) and ends: at once on the sidecar's stop,
+else after EXIT_SETTLE_S with nothing new, and at the latest EXIT_SETTLE_MAX_S after the exit. A
+watcher started for a run that had ended already (controller.life) only fetches what the store lacks
+and ends, within CATCH_UP_S even when the box cannot be reached; `rgt launch` of a new attempt under
+the same run id leaves a marker (watchers/RUN.launched) so that its watcher waits for that attempt.
+The run id names the watcher's files and the tunnel sockets, so it is checked (controller.boxtrust)
+before any path is made of it, and the subscriber refuses a sidecar that answers for another run or
+host.
 
     python -m controller.watcher RUN     (what ensure_watcher starts; logs to watchers/RUN.log)
 """
@@ -27,10 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import json
 import logging
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -38,26 +42,31 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Dict, Optional, Protocol, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
-from protocol import Event, ProtocolError
+from protocol import Event
 from protocol.endpoints import Endpoints
 
-from controller import boxtrust, groups, paths, pidlock
+from controller import boxtrust, groups, life, paths, pidlock
 from controller.backoff import Backoff
-from controller.ssh import Ssh, SshError, short_socket_path, ssh_config_file
+from controller.ssh import SshError
 from controller.store import Store, StoreError
 from controller.subscriber import Subscriber, SubscriberError
+from controller.watchlink import LOCAL, Link, LocalLink, SshLink, make_link, process_alive
+
+__all__ = ["LOCAL", "Link", "LocalLink", "SshLink", "WatchRefused", "Watcher", "WatcherFiles",
+           "ensure_watcher", "files", "make_link", "outage_s", "process_alive", "running_pid",
+           "stop_watcher", "take_launch_mark"]
 
 log = logging.getLogger(__name__)
 
-LOCAL = "local"
 SUPERVISE_S = 1.0            # how often the link is checked (0.5 s cost 64 watchers 1.5 % of a core)
 SILENT_INTERVALS = 3         # heartbeats missed before sidecar.silent
 DEFAULT_HEARTBEAT_S = 30.0   # until the first heartbeat says otherwise
-EXIT_QUIET_S = 30.0          # after job.exited, stop once nothing new came for this long
-FULL_CHECK_S = 60.0          # how often `ssh -O check` confirms what /proc says of the master
-                             # (6 ms of CPU each: every 10 s it was 3.5 % of a core over 64 runs)
+EXIT_SETTLE_S = 5.0          # after job.exited, stop once nothing new came for this long
+EXIT_SETTLE_MAX_S = 60.0     # and at the latest this long after it (a chatty sidecar that lingers)
+CATCH_UP_S = 30.0            # a run that had ended: fetch what is missing within this, then stop
+LAUNCHED_FRESH_S = 600.0     # a launch marker older than this is a leftover, not a new attempt
 STARTUP_GRACE_S = 10.0       # a link never up yet (sidecar starting) is not "lost" before this
 LINK_NOTE = "only the transport is known to be down; this says nothing about the job"
 RENEW_EVERY_S = 300.0        # the box's dead-man lease is renewed this often while a run is watched
@@ -81,6 +90,7 @@ class WatcherFiles:
     lock: Path
     pid: Path
     log: Path
+    launched: Path   # a new attempt was launched under this run id: its watcher waits for it
 
 
 def watcher_dir() -> Path:
@@ -98,7 +108,23 @@ def files(run: str) -> WatcherFiles:
     one (the paths are made of it, and must stay in watchers/)."""
     name = boxtrust.run_id(run)
     d = watcher_dir()
-    return WatcherFiles(*(boxtrust.contained(d, f"{name}.{ext}") for ext in ("lock", "pid", "log")))
+    return WatcherFiles(*(boxtrust.contained(d, f"{name}.{ext}")
+                          for ext in ("lock", "pid", "log", "launched")))
+
+
+def take_launch_mark(path: Path, now: Optional[float] = None) -> bool:
+    """Whether ensure_watcher(launched=True) left a fresh marker at `path` (it is removed, so one
+    launch is taken once): a new attempt is on its way, and the stored end is the last one's."""
+    try:
+        text = path.read_text()
+        path.unlink()
+    except OSError:   # none (or another watcher took it)
+        return False
+    try:
+        age = (time.time() if now is None else now) - float(text.strip())
+    except ValueError:
+        return False
+    return -LAUNCHED_FRESH_S <= age <= LAUNCHED_FRESH_S
 
 
 def running_pid(run: str) -> Optional[int]:
@@ -149,6 +175,8 @@ def ensure_watcher(store: Store, run: str, wait_s: float = 5.0, launched: bool =
                                 "again") from None
     if not info["target"] or (not launched and _finished(store, run_id)):
         return None
+    if launched:  # before looking for a watcher: a running one takes it too (Watcher.serve)
+        f.launched.write_text(f"{time.time():.3f}\n")
     pid = running_pid(run_id)
     if pid:
         return pid
@@ -170,120 +198,10 @@ def stop_watcher(run: str, timeout_s: float = 10.0) -> bool:
     return True
 
 
-# ---- links ----------------------------------------------------------------------
-
-
-class Link(Protocol):
-    """How the sidecar's sockets are reached from here."""
-
-    def connect(self) -> Endpoints: ...
-    def alive(self) -> bool: ...
-    def close(self) -> None: ...
-
-
-class LocalLink:
-    """Host `local`: the run's sockets are on this machine already."""
-
-    def __init__(self, run_dir: str) -> None:
-        self.rgt_dir = Path(boxtrust.box_path(run_dir)) / "rgt"
-
-    def connect(self) -> Endpoints:
-        try:
-            return Endpoints.read(self.rgt_dir)
-        except FileNotFoundError as e:
-            raise SshError(f"no sidecar endpoints in {self.rgt_dir} yet") from e
-        except ProtocolError as e:
-            raise SshError(str(e)) from e
-
-    def alive(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
-
-
-class SshLink:
-    """An SSH host: the sidecar's two unix sockets forwarded onto the host's ControlMaster."""
-
-    def __init__(self, ssh: Ssh, run: str, run_dir: str, sock_dir: Path) -> None:
-        self.ssh = ssh
-        self.run_dir = boxtrust.box_path(run_dir)
-        name = boxtrust.run_id(run)
-        for ext in ("pub", "ctl"):
-            boxtrust.contained(sock_dir, f"{name}.{ext}")  # the socket stays in tunnels/ (or its hash does)
-        self.local_pub = short_socket_path(sock_dir, f"{name}.pub")
-        self.local_ctl = short_socket_path(sock_dir, f"{name}.ctl")
-        self._remote: Optional[Endpoints] = None
-        self._pid = 0
-        self._checked = 0.0
-
-    def connect(self) -> Endpoints:
-        self._pid = self.ssh.start_master()
-        self._checked = time.monotonic()
-        out = self.ssh.run(f"cat {shlex.quote(self.run_dir + '/rgt/endpoints.json')}", timeout_s=20)
-        try:
-            obj = json.loads(out.stdout)
-            remote = Endpoints(pub=str(obj["pub"]), ctl=str(obj["ctl"]), pid=int(obj.get("pid", 0)))
-        except (ValueError, KeyError, TypeError) as e:
-            raise SshError(f"the sidecar's endpoints.json on {self.ssh.alias} is not readable: {e}") from e
-        for name, where in (("pub", remote.pub), ("ctl", remote.ctl)):
-            if not where.startswith("ipc://"):
-                raise SshError(f"the sidecar's {name} endpoint {where} is not a unix socket; over SSH "
-                               "rgt forwards unix sockets only (launch without --tcp)")
-        self.ssh.forward(self.local_pub, remote.pub[len("ipc://"):])
-        self.ssh.forward(self.local_ctl, remote.ctl[len("ipc://"):])
-        self._remote = remote
-        return Endpoints(pub=f"ipc://{self.local_pub}", ctl=f"ipc://{self.local_ctl}")
-
-    def alive(self) -> bool:
-        """Whether the master still runs. This is asked every SUPERVISE_S, so it looks at the
-        master's process in /proc, and asks ssh itself (`-O check`, a process spawn) only every
-        FULL_CHECK_S or where /proc cannot tell."""
-        quick = process_alive(self._pid) if self._pid else None
-        if quick is False:
-            return False
-        if quick is None or time.monotonic() - self._checked >= FULL_CHECK_S:
-            self._checked = time.monotonic()
-            return self.ssh.master_pid() is not None
-        return True
-
-    def close(self) -> None:
-        """Drop this run's forwards. The shared master ends itself once idle (ssh.MASTER_IDLE_S)."""
-        if self._remote is not None and self.alive():
-            for local, remote in ((self.local_pub, self._remote.pub), (self.local_ctl, self._remote.ctl)):
-                try:
-                    self.ssh.cancel_forward(local, remote[len("ipc://"):])
-                except SshError as e:
-                    log.debug("cancel forward %s: %s", local, e)
-        for sock in (self.local_pub, self.local_ctl):
-            try:
-                sock.unlink()
-            except FileNotFoundError:
-                pass
-
-
-def process_alive(pid: int) -> Optional[bool]:
-    """Whether pid runs (a zombie does not count); None where /proc cannot say (not Linux)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return False if os.path.isdir("/proc/self") else None
-    except OSError:
-        return None
-    state = stat[stat.rfind(b")") + 2:][:1]
-    return state not in (b"Z", b"X", b"")
-
-
-def make_link(store: Store, run: Dict[str, Any]) -> Link:
-    target = str(run["target"])
-    if target == LOCAL:
-        return LocalLink(str(run["run_dir"]))
-    host = store.host(target)
-    ssh = Ssh(str(host["ssh"]), control_dir=paths.state_dir() / "ssh", config_file=ssh_config_file(),
-              alive_interval_s=int(os.environ.get("RGT_SSH_ALIVE_INTERVAL", "5")),
-              alive_count=int(os.environ.get("RGT_SSH_ALIVE_COUNT", "3")))
-    return SshLink(ssh, str(run["run"]), str(run["run_dir"]), paths.state_dir() / "tunnels")
+def outage_s(down_since: float, restored_at: float) -> float:
+    """How long the link was down, in seconds (3 decimals), both ends read from one monotonic
+    clock; never negative (a loss seen and mended within one check is 0.0, not -0.0)."""
+    return max(0.0, round(restored_at - down_since, 3)) + 0.0
 
 
 # ---- the watcher ------------------------------------------------------------------
@@ -293,17 +211,18 @@ class Watcher:
     """Supervise one run's link and follow its sidecar into the store until the run is over."""
 
     def __init__(self, run: str, link: Link, *, monotonic: Callable[[], float] = time.monotonic,
-                 backoff: Optional[Backoff] = None) -> None:
+                 backoff: Optional[Backoff] = None, launch_mark: Optional[Path] = None) -> None:
+        """launch_mark: where ensure_watcher(launched=True) marks a new attempt (files(run).launched)."""
         self.run = run
         self.link = link
+        self.launch_mark = launch_mark
         self._mono = monotonic
         self._started = monotonic()
         self._ever_up = False
         self.backoff = backoff or Backoff()
         self.stop = threading.Event()
         self.link_up = False
-        self._down_since: Optional[float] = None
-        self._down_wall: Optional[float] = None
+        self._down_since: Optional[float] = None   # when the link was seen down (monotonic)
         self._lost_recorded = False
         self._next_try = 0.0
         self._last_event = monotonic()
@@ -312,6 +231,9 @@ class Watcher:
         self._exited_at: Optional[float] = None   # when this attempt's job.exited was stored
         self._stopping = False                     # its sidecar stopped since
         self._look_for_exit = False                # a stop came with no exit seen: is one stored?
+        self._catch_up = False                     # the run had ended: fetch what is missing, then stop
+        self._catch_up_lost = False                # ... as "lost": a sidecar that comes back ends that
+        self._fresh_attempt = False                # a new attempt was launched: wait for it
         self._group: Optional[str] = None        # its multi-node group; "" when it has none
         self._group_due = False                  # a job event arrived since the last check
         self._group_next: Optional[float] = None
@@ -328,7 +250,9 @@ class Watcher:
                     if isinstance(interval, (int, float)) and interval > 0:
                         self._heartbeat_s = float(interval)
                 elif ev.kind == "job.started":       # a new attempt: what was seen before is its past
-                    self._exited_at, self._stopping = None, False
+                    self._exited_at, self._stopping, self._catch_up = None, False, False
+                elif ev.kind == "sidecar.started" and self._catch_up_lost:
+                    self._catch_up = False           # the sidecar came back: the job may live
                 elif ev.kind == "job.exited":
                     self._exited_at, self._stopping = self._mono(), False
                 elif ev.kind == "sidecar.stopping":
@@ -336,14 +260,55 @@ class Watcher:
                     self._look_for_exit = self._exited_at is None
 
     def done(self, sub: Subscriber) -> bool:
-        """Caught up, and the job's exit is stored: at once when the sidecar then stopped, else once
-        nothing came for EXIT_QUIET_S. A sidecar that stops while the job may live ends nothing."""
+        """Caught up, and either the run had ended before this watcher began (catch-up), or the
+        job's exit is stored and what follows it drained: at once when the sidecar then stopped,
+        else once nothing came for EXIT_SETTLE_S, and EXIT_SETTLE_MAX_S after the exit at the
+        latest. A sidecar that stops while the job may live ends nothing."""
         with self._lock:
-            if not sub.caught_up or self._exited_at is None:
+            if not sub.caught_up:
+                return False
+            if self._catch_up:
+                return True
+            if self._exited_at is None:
                 return False
             if self._stopping:
                 return True
-            return self._mono() - self._last_event >= EXIT_QUIET_S
+            now = self._mono()
+            return now - self._last_event >= EXIT_SETTLE_S or now - self._exited_at >= EXIT_SETTLE_MAX_S
+
+    def begin(self, store: Store) -> None:
+        """Where the run stands as this watcher starts: a run that had ended (controller.life) is
+        only caught up; a stored exit of this attempt starts the settle. A fresh launch marker
+        (a new attempt under this run id) makes both the last attempt's past."""
+        self._take_launch_mark()
+        if self._fresh_attempt:
+            return
+        now = life.of_run(store, self.run)
+        with self._lock:
+            if now.ended:
+                self._catch_up, self._catch_up_lost = True, now.state == life.LOST
+                log.info("run %s had ended (%s): fetching what is missing, then stopping", self.run,
+                         now.state)
+            if _exit_stored(store, self.run) and self._exited_at is None:
+                self._exited_at = self._mono()
+
+    def _take_launch_mark(self) -> None:
+        if self.launch_mark is None or not take_launch_mark(self.launch_mark):
+            return
+        log.info("run %s: a new attempt was launched; watching it", self.run)
+        with self._lock:
+            self._fresh_attempt = True
+            self._catch_up = self._catch_up_lost = self._stopping = False
+            self._exited_at = None
+
+    def _catching_up(self) -> bool:
+        with self._lock:
+            return self._catch_up
+
+    def caught_up_too_long(self) -> bool:
+        """A catch-up that could not finish within CATCH_UP_S (the box is gone): stop anyway."""
+        with self._lock:
+            return self._catch_up and self._mono() - self._started >= CATCH_UP_S
 
     def _exit_from_store(self, store: Store) -> None:
         """The sidecar stopped but no exit came while this watcher followed: the exit may be stored
@@ -361,16 +326,29 @@ class Watcher:
         sub: Optional[Subscriber] = None
         thread: Optional[threading.Thread] = None
         failure: Dict[str, str] = {}
+        renew_off = False
+        self.begin(store)
         try:
             while not self.stop.is_set():
+                self._take_launch_mark()
+                if self.caught_up_too_long():
+                    log.warning("run %s had ended and its sidecar could not be reached within %gs: "
+                                "stopping; the next `rgt watch` or `rgt status` tries again",
+                                self.run, CATCH_UP_S)
+                    break
                 endpoints = self._supervise(store)
                 if endpoints is not None and sub is None:
+                    # A run that had ended keeps no box alive: its catch-up renews no dead-man lease.
+                    renew_off = self._catching_up()
                     sub = Subscriber(sub_store, endpoints, on_events=self.on_events,
-                                     renew_every_s=renew_every_s(), expect_run=self.run)
+                                     renew_every_s=None if renew_off else renew_every_s(),
+                                     expect_run=self.run)
                     thread = threading.Thread(target=self._follow, args=(sub, failure),
                                               name=f"subscriber-{self.run}", daemon=True)
                     thread.start()
                 if sub is not None:
+                    if renew_off and not self._catching_up():   # it came back to life: renew
+                        renew_off, sub.renew_every_s = False, renew_every_s()
                     self._exit_from_store(store)
                     self._check_silence(store)
                     self._check_group(store)
@@ -411,19 +389,22 @@ class Watcher:
         try:
             endpoints = self.link.connect()
         except (SshError, OSError, subprocess.TimeoutExpired) as e:
+            now = self._mono()   # a connect can take long (ssh's timeouts): count from its end
             if self._ever_up or now - self._started >= STARTUP_GRACE_S:
                 self._went_down(store, str(e))
             self._next_try = now + self.backoff.next()
             log.info("run %s: link down (%s); next try in %.1fs", self.run, e, self._next_try - now)
             return None
+        now = self._mono()   # after the connect, on the clock _down_since was read from
+        attempts = self.backoff.attempts   # the failed tries before this one
         self.backoff.reset()
         self.link_up = True
         self._ever_up = True
         if self._lost_recorded and self._down_since is not None:
+            down_s = outage_s(self._down_since, now)
             store.add_local_event(self.run, "link.restored", "info",
-                                  {"down_s": round(now - self._down_since, 3),
-                                   "attempts": self.backoff.attempts})
-            log.info("run %s: link restored after %.1fs", self.run, now - self._down_since)
+                                  {"down_s": down_s, "attempts": attempts})
+            log.info("run %s: link restored after %.1fs", self.run, down_s)
         self._down_since = None
         self._lost_recorded = False
         with self._lock:
@@ -434,7 +415,7 @@ class Watcher:
         self.link_up = False
         if self._down_since is None:
             self._down_since = self._mono()
-        if not self._lost_recorded:
+        if not self._lost_recorded and not self._catching_up():   # an ended run's link tells nothing
             self._lost_recorded = True
             store.add_local_event(self.run, "link.lost", "warn", {"reason": why, "note": LINK_NOTE})
             log.warning("run %s: link lost: %s (%s)", self.run, why, LINK_NOTE)
@@ -495,7 +476,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         info = store.run(args[0])
         run = str(info["run"])
         try:
-            watcher = Watcher(boxtrust.run_id(run), make_link(store, info))
+            watcher = Watcher(boxtrust.run_id(run), make_link(store, info), launch_mark=f.launched)
         except boxtrust.Untrusted as e:
             log.error("refused to watch %r: %s", run[:80], e)
             f.pid.unlink(missing_ok=True)

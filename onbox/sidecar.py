@@ -342,7 +342,8 @@ class Sidecar:
 
     def _final_status(self, data: Dict[str, Any],
                       sev: Optional[str]) -> Tuple[Dict[str, Any], Optional[str]]:
-        """The job exited: let the training detectors read its last lines, then judge the run.
+        """The job exited: let the training detectors read its last lines (they journal the newest
+        train.progress now, so it comes before job.exited, not one rate-limit later), then judge the run.
 
         The run failed when the job did, and also when a durable checkpoint copy
         failed, a checkpoint is suspect (custody could not check it, or it failed), or the watched

@@ -21,7 +21,10 @@ Grad norms (`is_grad_norm_name`) are watched for NaN/Inf by default, through `Gr
 isolated non-finite one (fp16 loss scaling) does not wake; one that persists, or comes with a
 non-finite or frozen loss, is `train.nonfinite` with ``reason``. Naming the grad norm in `watch`
 judges it as any watched scalar (at once). `train.progress` carries ``total_steps`` and ``eta_s``
-when a total is known (`expected_steps`, else a progress bar's or trainer_state.json's total).
+when a total is known (`expected_steps`, else a progress bar's or trainer_state.json's total). It is
+rate-limited (`progress_every_s`) while the job runs; at the job's exit (`on_job_exit`, which the
+sidecar calls before it journals `job.exited`) the newest snapshot goes out at once, so the exit is
+never followed by the progress it ended with.
 
 Times: lines are dated by their file's mtime (read with the stat the tail makes anyway), clamped to
 the span since the previous poll, so step intervals and idle times are not rounded up to `tail_s`.
@@ -171,10 +174,13 @@ class TrainingMonitor:
         self._metrics = MetricsSource(config.metrics_path or self.run_dir / "metrics.jsonl",
                                       history_bytes=config.metrics_history_bytes)
         self._log = LogSource(config.log_path or self.run_dir / "train.log", config.log_regex,
-                              history_bytes=config.log_history_bytes)
+                              declared=tuple(config.watch), history_bytes=config.log_history_bytes)
         self._sources: Tuple[Source, ...] = (self._metrics, self._log)
         self._files = JobFiles(config.job_cwd, scan_s=config.scan_s, monotonic=monotonic)
         self._lock = threading.RLock()
+        # Held from reading the files to emitting what they showed, by tick() and on_job_exit(): a
+        # progress a tick read is journaled before the job's exit, never after it.
+        self._out = threading.RLock()
         self._owner: Dict[str, str] = {}
         self._bad_reported: Dict[str, bool] = {name: False for name in SOURCE_NAMES}
         self._gates: Dict[str, GradNormGate] = {}
@@ -293,13 +299,14 @@ class TrainingMonitor:
 
     def tick(self) -> None:
         """Read both files' new lines, judge, rate-limited telemetry, save the state when due."""
-        with self._lock:
-            now = self._mono()
-            findings = self._poll(now)
-            findings += self._check(now)
-            findings += self._progress.due(now)
-            self._maybe_save(now, findings)
-        self._emit_all(findings)
+        with self._out:
+            with self._lock:
+                now = self._mono()
+                findings = self._poll(now)
+                findings += self._check(now)
+                findings += self._progress.due(now)
+                self._maybe_save(now, findings)
+            self._emit_all(findings)
 
     def note_checkpoint(self, now: Optional[float] = None) -> None:
         """A checkpoint was written (custody calls this; `now` is on the monitor's monotonic clock)."""
@@ -309,20 +316,32 @@ class TrainingMonitor:
         self._emit_all(findings)
 
     def on_job_exit(self, code: Optional[int]) -> None:
-        """The job ended: read its last lines, judge a short run, stop judging stalls."""
-        with self._lock:
-            now = self._mono()
-            findings: List[Finding] = []
-            for src in self._sources:
-                findings += self._handle(src, src.drain(), now)
-            for name, got in self._files.poll(force=True).items():
-                findings += self._handle_files(name, got, now)
-            self._polled_at = now
-            findings += self._short.on_job_exit(self._clock(), code)
-            self._stall.disarm()
-            self._job_exited = True
-            self._save(now)
-        self._emit_all(findings)
+        """The job ended: read its last lines, judge a short run, stop judging stalls, and report the
+        newest progress now, not rate-limited: the sidecar calls this before it journals job.exited,
+        so the exit never comes before the step and metrics the job ended with."""
+        with self._out:
+            with self._lock:
+                now = self._mono()
+                findings: List[Finding] = []
+                for src in self._sources:
+                    findings += self._handle(src, src.drain(), now)
+                for name, got in self._files.poll(force=True).items():
+                    findings += self._handle_files(name, got, now)
+                self._polled_at = now
+                findings += self._short.on_job_exit(self._clock(), code)
+                findings += self._final_progress(now)
+                self._stall.disarm()
+                self._job_exited = True
+                self._save(now)
+            self._emit_all(findings)
+
+    def _final_progress(self, now: float) -> List[Finding]:
+        """The newest progress snapshot when the last train.progress does not hold it yet."""
+        progress = self._progress
+        if not progress.fresh:
+            return []
+        progress.last_emit, progress.fresh = now, False
+        return [Finding("train.progress", progress.snapshot(now), None)]
 
     def on_job_start(self, job_key: Optional[str] = None) -> None:
         """A new job attempt started under this monitor: judged afresh (see the module doc)."""

@@ -75,12 +75,12 @@ def test_table_has_a_header_and_one_line_per_event(populated: Path) -> None:
     result = rgt("events", RUN)
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert re.fullmatch(r"\s*SEQ\s+TIME\s+SEV\s+KIND\s+DATA", lines[0])
+    assert re.fullmatch(r"\s*SEQ\s+TIME\s+SOURCE\s+SEV\s+KIND\s+DATA", lines[0])
     assert len(lines) == 1 + len(EVENTS)
     assert re.fullmatch(
-        rf"\s+3  {clock(3)}  warn\s+gpu\.xid\s+code=79 pci=0000:3b:00\.0", lines[3])
+        rf"\s+3  {clock(3)}  box\s+warn\s+gpu\.xid\s+code=79 pci=0000:3b:00\.0", lines[3])
     assert re.fullmatch(
-        rf"\s+5  {clock(5)}  warn\s+job\.exited\s+code=1 signal=null oom_killed=false", lines[5])
+        rf"\s+5  {clock(5)}  box\s+warn\s+job\.exited\s+code=1 signal=null oom_killed=false", lines[5])
     assert result.stderr == ""
 
 
@@ -97,7 +97,7 @@ def test_json_lines_parse_back_to_the_same_events(populated: Path) -> None:
     result = rgt("events", RUN, "--json")
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert [json.loads(line) for line in lines] == [e.to_dict() for e in EVENTS]
+    assert [json.loads(line) for line in lines] == [{**e.to_dict(), "source": "box"} for e in EVENTS]
     assert [decode_event(line.encode()) for line in lines] == EVENTS
 
 

@@ -134,6 +134,14 @@ def test_the_sidecar_stopping_without_an_exit_is_lost(box: Journal) -> None:
     assert found.evidence == {"kind": "sidecar.stopping", "seq": stop.seq, "ts": stop.ts}
 
 
+def test_a_sidecar_started_again_after_its_stop_is_running_not_lost(box: Journal) -> None:
+    box.started()
+    box.add("sidecar.stopping")
+    assert box.life().state == life.LOST
+    box.add("sidecar.started")
+    assert box.life().state == life.RUNNING
+
+
 @pytest.mark.parametrize("stopping_first", [True, False])
 def test_a_stored_exit_wins_over_the_sidecars_stop_whatever_their_order(box: Journal,
                                                                           stopping_first: bool) -> None:

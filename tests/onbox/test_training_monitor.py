@@ -368,6 +368,14 @@ def test_a_metric_stuck_at_zero_while_the_loss_falls(tmp_path: Path, rigs: Any) 
     assert rig.rec.of("train.metric_zero")[0]["step"] == 30
 
 
+def test_a_watched_name_of_the_jobs_own_is_read_from_its_log_text(tmp_path: Path, rigs: Any) -> None:
+    rig = rigs(tmp_path / "run", watch=("loss", "margin"))
+    rig.mon.start()
+    rig.log("".join(f"step={s} loss={2.0 / s} margin=0.0\n" for s in range(1, 40)))
+    rig.tick()
+    assert rig.rec.counts() == {("train.metric_zero", "onset", "warn"): 1}
+
+
 def test_a_short_clean_exit_reads_the_last_lines_first(tmp_path: Path, rigs: Any) -> None:
     rig = rigs(tmp_path / "run", expected_steps=300)
     rig.mon.start()

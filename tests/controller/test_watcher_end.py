@@ -1,0 +1,297 @@
+"""Watchers end when their run has ended and its last events are stored; a link's outage is its
+real length. Real sidecars (in this process, as tests/controller/test_identity.py runs them), the
+real watcher loop on a thread, and a real `python -m controller.watcher` process."""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, List
+
+import pytest
+
+from controller import watcher
+from controller.ssh import SshError
+from controller.store import Store
+from controller.subscriber import Subscriber
+from controller.watcher import LocalLink, Watcher, ensure_watcher, outage_s, running_pid
+from onbox.sidecar import Sidecar, SidecarConfig
+from protocol.endpoints import Endpoints
+from tests.helpers import wait_until
+
+RUN = "run-end"
+
+
+class RealSidecar:
+    """A real sidecar serving on a thread; the test emits its events."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.sidecar = Sidecar(SidecarConfig(run_dir=run_dir, run_id=RUN, host="box", heartbeat_s=3600,
+                                             gpu="none", kmsg=False))
+        self.sidecar.start()
+        self.thread = threading.Thread(target=self.sidecar.serve, name="test-serve")
+        self.thread.start()
+
+    def close(self) -> None:
+        if self.thread.is_alive():
+            self.sidecar.stop()
+            self.thread.join(10)
+            self.sidecar.close()
+
+
+@pytest.fixture
+def store(home: Path) -> Iterator[Store]:
+    with Store.open() as s:
+        yield s
+
+
+@pytest.fixture
+def sidecars() -> Iterator[List[RealSidecar]]:
+    made: List[RealSidecar] = []
+    yield made
+    for s in made:
+        s.close()
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return tmp_path / "active" / RUN
+
+
+class Serving:
+    """Watcher.serve on a thread, with its own two store connections; .result once it returned."""
+
+    def __init__(self, w: Watcher, path: Path) -> None:
+        self.w, self.result = w, []  # type: ignore[var-annotated]
+        self.stores = (Store.open(path), Store.open(path))
+        self.thread = threading.Thread(target=self._serve, name="test-watcher")
+        self.thread.start()
+
+    def _serve(self) -> None:
+        self.result.append(self.w.serve(*self.stores))
+
+    def end(self) -> None:
+        self.w.stop.set()
+        self.thread.join(15)
+        for s in self.stores:
+            s.close()
+
+
+def kinds(store: Store, run: str = RUN) -> List[str]:
+    return [e.kind for e in store.events(run)]
+
+
+def follow_all(store: Store, sidecar: RealSidecar) -> None:
+    """Store everything the sidecar journaled so far (what an earlier watcher would have)."""
+    sub = Subscriber(store, Endpoints.read(sidecar.run_dir / "rgt"), expect_run=RUN, request_timeout_s=0.5)
+    deadline = time.monotonic() + 20
+    sub.run_until(threading.Event(), lambda: sub.caught_up or time.monotonic() > deadline)
+    assert sub.caught_up
+
+
+def exited(pid: int) -> bool:
+    """Whether our child `pid` has exited (reaped here, or already by subprocess's own cleanup)."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return True
+
+
+# ---- after job.exited: drain, then end --------------------------------------------------------------
+
+
+def test_the_watcher_ends_after_the_exit_once_what_follows_it_is_stored(
+        store: Store, sidecars: List[RealSidecar], run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watcher, "EXIT_SETTLE_S", 0.5)  # the sidecar lingers on and never stops here
+    box = RealSidecar(run_dir)
+    sidecars.append(box)
+    box.sidecar.emit("job.started", {"pid": 1})
+    serving = Serving(Watcher(RUN, LocalLink(str(run_dir))), store.path)
+    try:
+        wait_until(lambda: "job.started" in kinds(store), 20, "the job's start stored")
+        assert serving.thread.is_alive()
+        box.sidecar.emit("job.exited", {"code": 0})
+        box.sidecar.emit("ckpt.committed", {"path": "checkpoints/step100.pt", "step": 100})
+        serving.thread.join(20)
+        assert not serving.thread.is_alive(), "the watcher ran on after the run ended"
+        assert serving.result == [0]
+        assert kinds(store)[-2:] == ["job.exited", "ckpt.committed"]   # what followed the exit is in
+        assert "sidecar.stopping" not in kinds(store)                   # ended on the settle, not a stop
+    finally:
+        serving.end()
+
+
+def test_the_watcher_ends_at_once_on_the_sidecars_stop_after_the_exit(
+        store: Store, sidecars: List[RealSidecar], run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watcher, "EXIT_SETTLE_S", 3600.0)
+    monkeypatch.setattr(watcher, "EXIT_SETTLE_MAX_S", 3600.0)
+    box = RealSidecar(run_dir)
+    sidecars.append(box)
+    box.sidecar.emit("job.started", {"pid": 1})
+    serving = Serving(Watcher(RUN, LocalLink(str(run_dir))), store.path)
+    try:
+        wait_until(lambda: "job.started" in kinds(store), 20, "the job's start stored")
+        box.sidecar.emit("job.exited", {"code": 0})
+        box.close()                                   # journals sidecar.stopping
+        serving.thread.join(20)
+        assert serving.result == [0]
+        assert kinds(store)[-1] == "sidecar.stopping"
+    finally:
+        serving.end()
+
+
+# ---- a watcher started for a run that had ended -------------------------------------------------------
+
+
+def test_a_watcher_process_for_an_ended_run_fetches_what_is_missing_and_exits(
+        store: Store, sidecars: List[RealSidecar], run_dir: Path) -> None:
+    box = RealSidecar(run_dir)
+    sidecars.append(box)
+    box.sidecar.emit("job.started", {"pid": 1})
+    box.sidecar.emit("job.exited", {"code": 0})
+    follow_all(store, box)                           # an earlier watcher stored up to the exit
+    store.upsert_run(RUN, host="box", target="local", run_dir=str(run_dir))
+    box.sidecar.emit("ckpt.committed", {"path": "checkpoints/final.pt", "step": 9})   # not stored yet
+    pid = ensure_watcher(store, RUN)                 # as `rgt status` starts one; the sidecar lives on
+    assert pid
+    wait_until(lambda: exited(pid), 30, "the watcher to exit by itself")
+    assert running_pid(RUN) is None
+    assert kinds(store)[-1] == "ckpt.committed"
+    assert store.local_events(RUN) == []             # no link.lost, no degraded: nothing went wrong
+
+
+def test_a_catch_up_that_cannot_reach_the_box_gives_up_quietly(
+        store: Store, run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watcher, "CATCH_UP_S", 1.0)
+    monkeypatch.setattr(watcher, "STARTUP_GRACE_S", 0.0)
+    from protocol import Event
+    store.apply(RUN, [Event(run=RUN, host="box", seq=1, ts=1.0, kind="job.started", sev="info", data={}),
+                      Event(run=RUN, host="box", seq=2, ts=2.0, kind="job.exited", sev="info",
+                            data={"code": 0})], 2)
+    serving = Serving(Watcher(RUN, LocalLink(str(run_dir))), store.path)   # no sidecar there at all
+    try:
+        serving.thread.join(20)
+        assert serving.result == [0]
+        assert store.local_events(RUN) == []         # an ended run's gone box is no link.lost
+    finally:
+        serving.end()
+
+
+def test_a_new_attempt_launched_under_an_ended_run_id_is_watched(
+        store: Store, sidecars: List[RealSidecar], run_dir: Path) -> None:
+    first = RealSidecar(run_dir)
+    sidecars.append(first)
+    first.sidecar.emit("job.started", {"pid": 1})
+    first.sidecar.emit("job.exited", {"code": 1})
+    follow_all(store, first)
+    first.close()
+    store.upsert_run(RUN, host="box", target="local", run_dir=str(run_dir))
+    mark = watcher.files(RUN).launched
+    mark.write_text(f"{time.time():.3f}\n")          # what ensure_watcher(launched=True) leaves
+    second = RealSidecar(run_dir)                    # the relaunch: its job has not started yet
+    sidecars.append(second)
+    serving = Serving(Watcher(RUN, LocalLink(str(run_dir)), launch_mark=mark), store.path)
+    try:
+        wait_until(lambda: kinds(store).count("sidecar.started") == 2, 20, "the new sidecar's start stored")
+        second.sidecar.emit("job.started", {"pid": 2})   # a catch-up watcher would have left already
+        wait_until(lambda: kinds(store).count("job.started") == 2, 20, "the new attempt's start stored")
+        assert serving.thread.is_alive() and not mark.exists()
+        second.sidecar.emit("job.exited", {"code": 0})
+        second.close()
+        serving.thread.join(20)
+        assert serving.result == [0]
+    finally:
+        serving.end()
+
+
+def test_a_launch_mark_is_taken_once_and_only_when_fresh(tmp_path: Path) -> None:
+    mark = tmp_path / "r.launched"
+    assert not watcher.take_launch_mark(mark)
+    mark.write_text("1000.0\n")
+    assert watcher.take_launch_mark(mark, now=1010.0) and not mark.exists()
+    assert not watcher.take_launch_mark(mark, now=1010.0)
+    mark.write_text("1000.0\n")
+    assert not watcher.take_launch_mark(mark, now=1000.0 + 2 * watcher.LAUNCHED_FRESH_S)   # a leftover
+    assert not mark.exists()
+
+
+# ---- link.restored says the real outage -------------------------------------------------------------
+
+
+class FlakyLink(LocalLink):
+    """The run's own sockets, behind a switch the test flips: down means the master died;
+    `blink` makes the next liveness check fail once, the next connect succeeding at once."""
+
+    def __init__(self, run_dir: str) -> None:
+        super().__init__(run_dir)
+        self.up = threading.Event()
+        self.up.set()
+        self.blink = False
+        self.connects = 0
+
+    def connect(self) -> Endpoints:
+        self.connects += 1
+        if not self.up.is_set():
+            raise SshError("ssh: connect to host box: Connection refused")
+        return super().connect()
+
+    def alive(self) -> bool:
+        if self.blink:
+            self.blink = False
+            return False
+        return self.up.is_set()
+
+
+def restored(store: Store) -> List[float]:
+    return [e.data["down_s"] for e in store.local_events(RUN, kind_prefix="link.restored")]
+
+
+def test_a_loss_mended_in_the_same_check_is_down_0_not_minus_0(
+        store: Store, sidecars: List[RealSidecar], run_dir: Path) -> None:
+    sidecars.append(RealSidecar(run_dir))
+    link = FlakyLink(str(run_dir))
+    w = Watcher(RUN, link)
+    assert w._supervise(store) is not None           # up
+    link.blink = True                                 # the master died and came back between checks
+    assert w._supervise(store) is not None           # found dead, reconnected within the same check
+    assert [e.kind for e in store.local_events(RUN)] == ["link.lost", "link.restored"]
+    (down_s,) = restored(store)
+    assert down_s >= 0.0 and math.copysign(1.0, down_s) == 1.0, down_s
+
+
+def test_link_restored_down_s_is_the_outage_length(
+        store: Store, sidecars: List[RealSidecar], run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watcher, "SUPERVISE_S", 0.05)
+    box = RealSidecar(run_dir)
+    sidecars.append(box)
+    box.sidecar.emit("job.started", {"pid": 1})
+    link = FlakyLink(str(run_dir))
+    from controller.backoff import Backoff
+    serving = Serving(Watcher(RUN, link, backoff=Backoff(base_s=0.05, cap_s=0.1)), store.path)
+    try:
+        wait_until(lambda: "job.started" in kinds(store), 20, "the job's start stored")
+        link.up.clear()
+        wait_until(lambda: store.local_events(RUN, kind_prefix="link.lost"), 20, "link.lost")
+        down_from = time.monotonic()
+        tries = link.connects
+        wait_until(lambda: link.connects >= tries + 3, 20, "three failed reconnects")
+        link.up.set()
+        down_for = time.monotonic() - down_from
+        (down_s,) = wait_until(lambda: restored(store), 20, "link.restored")
+        assert down_s >= round(down_for, 3) - 0.001, (down_s, down_for)
+        assert down_s < down_for + 10
+        box.sidecar.emit("job.exited", {"code": 0})
+        box.close()
+        serving.thread.join(20)
+        assert serving.result == [0]
+    finally:
+        serving.end()
+
+
+def test_outage_s_is_never_negative() -> None:
+    assert outage_s(10.0, 12.3456) == 2.346
+    for got in (outage_s(10.0, 10.0), outage_s(10.0000001, 10.0), outage_s(10.0, 9.0)):
+        assert got == 0.0 and math.copysign(1.0, got) == 1.0
