@@ -21,7 +21,7 @@ and the command's own working directory (this one). Stages, in order:
     clean exit            the job ran to its end: code 0 and the sidecar's final_ok. With --steps N it
                           is asked to stop (`rgt-onbox stop`: SIGTERM, SIGKILL after the grace) once a
                           step >= N is logged after the relaunch; then clean means it ended on that
-                          SIGTERM (exit 0, or the signal itself) within the grace, never the SIGKILL
+                          SIGTERM (exit 0, 143, or the signal itself) within the grace, never the SIGKILL
 
 After a failed stage the later ones are skipped, except safe load, which still runs on what was
 recorded. Every wait polls with a deadline (--timeout for the whole rehearsal). Before returning,

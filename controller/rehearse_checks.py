@@ -24,6 +24,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from protocol.pull import is_temporary
 
+from controller import life
 from controller.verify_identity import HashResult
 from controller.verify_load import LoadResult
 
@@ -493,7 +494,8 @@ def _verdict(exited: Optional[Mapping[str, Any]]) -> Tuple[Optional[bool], List[
 
 def judge_exit(end: Ending) -> Tuple[bool, str]:
     """A clean exit: code 0 and the sidecar's verdict final_ok; after a --steps stop, the job ended
-    on the SIGTERM itself (code 0, or the signal) within the grace, never needing the SIGKILL."""
+    on the SIGTERM itself (code 0, 143 after saving, or the signal) within the grace, never needing
+    the SIGKILL."""
     how = describe_exit(end.exit_doc)
     if end.stall is not None:
         data = end.stall.get("data") or {}
@@ -505,7 +507,7 @@ def judge_exit(end: Ending) -> Tuple[bool, str]:
         if end.stop_outcome == "killed":
             return False, f"stopped at step {end.stopped_at}: the job ignored SIGTERM and was SIGKILLed"
         code, sig = end.exit_doc.get("code"), end.exit_doc.get("signal")
-        if code == 0 or sig == 15:
+        if code == 0 or code in life.SIGTERM_CODES or sig == life.SIGTERM:  # 143: saved, then said so
             return True, f"stopped at step {end.stopped_at} (--steps) by SIGTERM: ended with {how}"
         return False, f"stopped at step {end.stopped_at} (--steps): the job ended with {how}"
     if end.exit_doc.get("code") != 0:

@@ -221,6 +221,7 @@ def exited(ok: bool, *reasons: str) -> Dict[str, Any]:
     (Ending({"code": None, "signal": 15}, stopped_at=40, stop_outcome="stopped"), True,
      "stopped at step 40 (--steps) by SIGTERM: ended with signal 15"),
     (Ending({"code": 0}, stopped_at=40, stop_outcome="stopped"), True, "ended with code 0"),
+    (Ending({"code": 143}, stopped_at=40, stop_outcome="stopped"), True, "ended with code 143"),
     (Ending({"code": None, "signal": 9}, stopped_at=40, stop_outcome="killed"), False, "ignored SIGTERM"),
     (Ending({"code": 2}, stopped_at=40, stop_outcome="stopped"), False, "ended with code 2"),
     (Ending(None, timed_out=True), False, "timeout"),
