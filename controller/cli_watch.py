@@ -3,8 +3,15 @@
 Thin commands over controller.watch, .status, .plot and .wake. They are not
 attached to the `rgt` group here; controller/cli.py adds them. `rgt watch`
 prints exactly one JSON line on stdout whatever its exit code (usage errors it
-detects itself included), so an agent that runs it in the background can
-always parse why it woke.
+detects itself included), always with exit, run, event, explain, next and entry,
+so an agent that runs it in the background can always parse why it woke:
+
+    10 something needs you   0 every watched run ended well (finished, or stopped by request)
+     3 timeout               4 the link stayed down past its budget
+     2 usage error           5 the store is damaged, locked, too new or holds a bad policy
+     1 internal error      130 interrupted
+
+`rgt status` starts a run's background watcher only while the run's life has not ended.
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 import click
 import protocol
 
-from controller import groups, status_group, wake
+from controller import groups, life, paths, status_group, wake
 from controller import status as status_mod
 from controller.catalog import CatalogError
 from controller.clibase import CliError, RgtCommand, emit_json, sigterm_as_interrupt
@@ -26,7 +33,9 @@ from controller.explain import entry_for_event
 from controller.plot import PlotError, plot
 from controller.render import printable
 from controller.store import AmbiguousRun, RunNotFound, Store, StoreError
+from controller.storeerrors import StoreCorrupt
 from controller.watch import WatchResult, watch
+from controller.watch_ends import again_command
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +60,15 @@ def _duration(ctx: click.Context, param: click.Parameter, value: Optional[str]) 
         raise click.BadParameter(str(e), ctx, param) from e
 
 
+def needs_watcher(store: Store, run: str) -> bool:
+    """A run whose life has not ended needs its background watcher; one that ended does not (a
+    watcher started for it would only poll a box that has nothing more to say). A run whose
+    sidecar stopped with no job exit stored ("lost") still gets one: the supervisor may restart
+    the sidecar while the job trains, and only a watcher would hear of it."""
+    lived = life.of_run(store, run)
+    return not lived.ended or lived.state == life.LOST
+
+
 def _watcher_starter(store: Store) -> Callable[[str], Any]:
     """ensure_watcher bound to this store: a run's watcher is (re)started whenever it is watched."""
     from controller.watcher import ensure_watcher
@@ -62,22 +80,45 @@ def _watcher_starter(store: Store) -> Callable[[str], Any]:
 
 
 EXIT_USAGE = 2
-EXIT_FAILED = 1   # rgt itself failed (its store unreadable, an internal error, interrupted): nothing judged
+EXIT_FAILED = 1        # rgt itself failed (an internal error): nothing judged
+EXIT_STORE = 5         # rgt's store is damaged, locked, too new or holds a bad policy: nothing judged
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM before anything material happened: nothing judged
 
 
-def _no_verdict(code: int, message: str, explain: str, next_step: str) -> None:
+class _StoreUnusable(CliError):
+    """The store could not be used; the watch's JSON line is printed before it."""
+
+    exit_code = EXIT_STORE
+
+
+class _Interrupted(CliError):
+    """Ctrl-C or SIGTERM ended the watch; its JSON line is printed before it."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
+def _no_verdict(code: int, message: str, explain: str, next_step: str, runs: Sequence[str] = (),
+                **extra: Any) -> None:
     """The one JSON line of a watch that judged nothing: the keys every other line has, too."""
-    emit_json({"exit": code, "error": message, "event": None, "explain": explain, "next": next_step})
+    emit_json({"exit": code, "run": runs[0] if len(runs) == 1 else None, "runs": list(runs), "event": None,
+               "entry": None, "error": message, "explain": explain, "next": next_step, **extra})
 
 
-def _usage(message: str) -> NoReturn:
-    _no_verdict(EXIT_USAGE, message, f"usage error, nothing was watched: {message}", "rgt watch --help")
+def _usage(message: str, runs: Sequence[str] = ()) -> NoReturn:
+    _no_verdict(EXIT_USAGE, message, f"usage error, nothing was watched: {message}", "rgt watch --help", runs)
     raise click.UsageError(message)
 
 
 def _again(runs: Sequence[str], all_runs: bool) -> str:
     """This watch as a command to run again (every run name quoted: it may hold anything)."""
-    return "rgt watch --all" if all_runs else "rgt watch " + " ".join(shlex.quote(r) for r in runs)
+    return again_command(runs, all_runs)
+
+
+def _move_aside(again: str) -> str:
+    """A shell line that moves the damaged store (and its -wal and -shm files) aside, then watches
+    again: what the store's recovery hint says, as a command."""
+    db = shlex.quote(str(paths.db_path()))
+    return (f'for f in {db} {db}-wal {db}-shm; do [ -e "$f" ] && mv "$f" "$f.damaged"; done; {again}')
 
 
 def _overrides(min_sev: Optional[str], add: Sequence[str], mute: Sequence[str],
@@ -95,57 +136,67 @@ def _overrides(min_sev: Optional[str], add: Sequence[str], mute: Sequence[str],
 
 
 def with_entry(record: Dict[str, Any]) -> Dict[str, Any]:
-    """The record plus "entry" (the id of the catalog entry that best explains its event) and
-    "see" (`rgt explain <id>`); unchanged when it has no event or no entry fits."""
-    event = record.get("event")
+    """The record plus "entry" (the id of the catalog entry that best explains its event, or of
+    its "cause" when it has one; null when it has no event or no entry fits) and "see"
+    (`rgt explain <id>`) when there is one."""
+    out = {**record, "entry": None}
+    event = record.get("cause") if isinstance(record.get("cause"), dict) else record.get("event")
     if not isinstance(event, dict) or not isinstance(event.get("kind"), str):
-        return record
+        return out
     data = event.get("data")
     try:
         entry = entry_for_event(event["kind"], data if isinstance(data, dict) else {})
     except CatalogError as e:  # a broken catalog must not cost the one JSON line
         log.warning("no catalog entry for %s: %s", event["kind"], e)
-        return record
-    return {**record, "entry": entry, "see": f"rgt explain {shlex.quote(entry)}"} if entry else record
+        return out
+    return {**out, "entry": entry, "see": f"rgt explain {shlex.quote(entry)}"} if entry else out
 
 
 def _sentence(result: WatchResult) -> str:
     r = result.record
     if result.exit_code == 3:
-        lines = "; ".join(f"{run}: {line}" for run, line in r.get("status", {}).items())
-        return f"timeout: nothing material happened. {lines}"
-    if "explain" in r:
+        return f"timeout: {r.get('explain', '')}. next: {r.get('next', '')}"
+    if r.get("event") is not None or r.get("ended"):
         head = {0: "finished", 4: "link down", 10: "woke"}.get(result.exit_code, "ended")
+        head = "stopped by request" if result.exit_code == 0 and r.get("stopped_by") else head
         head += " (reported before)" if r.get("already_reported") else ""
         why = f"; why: {r['see']}" if r.get("see") else ""
-        return f"{head}: {r['explain']} (run {r['run']}). next: {r['next']}{why}"
-    return str(r.get("status", ""))
+        return f"{head}: {r.get('explain')} (run {r.get('run')}). next: {r.get('next')}{why}"
+    return f"{r.get('explain', '')}. next: {r.get('next', '')}"
 
 
 _WATCH_HELP = """Wait until something material happens to RUN, then exit with a code that says what.
 
 \b
 Exit codes:
-   10  a material event: a warn/critical state change, a failed job exit,
-       the sidecar silent, or what the policy adds (`rgt policy`); also
-       at once when RUN had already ended badly ("already_reported")
-    0  the run finished cleanly (with --all: no run is left to watch)
+   10  something needs you: a warn/critical state change, a failed job
+       exit (a preemption too: a SIGTERM nobody asked rgt for), the
+       sidecar silent, or what the policy adds (`rgt policy`); also at
+       once when RUN had already ended badly ("already_reported")
+    0  every watched run ended well: finished cleanly, or stopped by
+       request (`rgt stop`: "stopped_by" in the line); with --all, or
+       several runs, only once every run (and every queue cell not
+       launched yet) has ended; "ended" says how each one did
     3  --timeout passed with nothing material
     4  the link stayed down past the link budget (this says nothing
        about the job: check the box)
-    2  usage error
-    1  rgt itself failed and judged nothing: its store is unreadable
-       or damaged (the line's "error" and "next" say how to recover),
-       an internal error, or the watch was interrupted
+    2  usage error: nothing was watched
+    5  rgt's store is damaged, locked, too new or holds a bad policy:
+       nothing was judged ("next" says how to recover)
+    1  rgt itself failed (an internal error): nothing was judged
+  130  interrupted (Ctrl-C, SIGTERM): nothing was judged
 
-Exactly one JSON line goes to stdout at the end: {"exit", "run", "event",
-"explain", "next", "entry", "see", "woke_at"} for 10/0/4 ("entry" names the
-catalog entry that explains the event; "see" is `rgt explain <entry>`),
-{"exit", "runs", "status"} for 3, {"exit", "error", "event": null,
-"explain", "next"} for 2 and 1.
-An event that ended one watch never ends the next, and a flapping condition
-wakes once per flap window. Without --from-now, events stored earlier that
-woke nobody yet are judged first.
+Exactly one JSON line goes to stdout at the end, whatever the code, with
+at least {"exit", "run", "event", "explain", "next", "entry"}: "event" is
+the event that woke it (null when none), "entry" the catalog entry that
+explains it (`rgt explain <entry>`, also in "see"; null when none fits),
+"next" one shell line to run next (run ids quoted). A 0 or 10 on a job
+exit adds "life" and "ended" (run -> how it ended); 3 adds "status".
+A condition that woke once wakes again only when it re-opens after a
+clear (and not inside the flap window) or escalates; one made moot by a
+graver event (memory pressure by the OOM kill, a failed `rgt verify` by
+a pass) never does. Without --from-now, events stored earlier that woke
+nobody yet are judged first.
 
 \b
 Examples:
@@ -157,7 +208,8 @@ Examples:
 
 @click.command("watch", cls=RgtCommand, help=_WATCH_HELP)
 @click.argument("runs", nargs=-1, metavar="[RUN]...")
-@click.option("--all", "all_runs", is_flag=True, help="Every run in the store that has not ended.")
+@click.option("--all", "all_runs", is_flag=True,
+              help="Every run in the store that has not ended, and queue cells still to launch.")
 @click.option("--timeout", "timeout", metavar="DUR", default=DEFAULT_TIMEOUT, show_default=True,
               help="End with exit 3 after DUR: 90, 90s, 15m, 6h, 1d.")
 @click.option("--json", "as_json", is_flag=True, help="Only the JSON line; no sentence on stderr.")
@@ -170,13 +222,15 @@ Examples:
 def watch_command(runs: Sequence[str], all_runs: bool, timeout: str, as_json: bool, from_now: bool,
                   min_sev: Optional[str], add: Sequence[str], mute: Sequence[str],
                   link_budget: Optional[str]) -> None:
-    if all_runs == bool(runs):
-        _usage("give RUN or --all (not both)")
+    if not runs and not all_runs:
+        _usage("give a run id, or --all")
+    if runs and all_runs:
+        _usage("give run ids or --all, not both", runs)
     try:
         timeout_s = parse_duration(timeout)
         overrides = _overrides(min_sev, add, mute, link_budget)
     except ValueError as e:
-        _usage(str(e))
+        _usage(str(e), runs)
     again = _again(runs, all_runs)
     try:
         with Store.open() as store, sigterm_as_interrupt():
@@ -185,25 +239,28 @@ def watch_command(runs: Sequence[str], all_runs: bool, timeout: str, as_json: bo
                 result = watch(store, runs, all_runs=all_runs, timeout_s=timeout_s,
                                policy_overrides=overrides, from_now=from_now, ensure_watcher=starter)
             except (RunNotFound, AmbiguousRun) as e:
-                _usage(f"{e}" + (f" ({e.hint})" if e.hint else ""))
+                _usage(f"{e}" + (f" ({e.hint})" if e.hint else ""), runs)
     except (click.ClickException, click.exceptions.Exit, click.Abort):
         raise
     except KeyboardInterrupt:
-        _no_verdict(EXIT_FAILED, "interrupted", "the watch was interrupted (Ctrl-C or SIGTERM) before "
-                    "anything material happened; nothing was judged", again)
-        raise click.Abort() from None
+        _no_verdict(EXIT_INTERRUPTED, "interrupted", "the watch was interrupted (Ctrl-C or SIGTERM) before "
+                    "anything material happened; nothing was judged", again, runs)
+        raise _Interrupted("interrupted", f"watch again: {again}") from None
     except StoreError as e:  # the store is damaged, locked or unreadable: say so, and how to recover
-        _no_verdict(EXIT_FAILED, str(e), f"rgt could not read its store, so nothing was judged: {e}",
-                    f"{e.hint}; then {again}" if e.hint else again)
-        raise CliError(str(e), e.hint) from e
+        next_step = _move_aside(again) if isinstance(e, StoreCorrupt) else again
+        _no_verdict(EXIT_STORE, str(e), f"rgt could not use its store, so nothing was judged: {e}",
+                    next_step, runs, hint=e.hint)
+        raise _StoreUnusable(str(e), e.hint) from e
     except ValueError as e:  # the overrides were checked above: this is what the store holds (a policy)
-        hint = "`rgt policy --default` and `rgt policy RUN` show the stored wake policies"
-        _no_verdict(EXIT_FAILED, str(e), f"rgt could not judge: {e}", f"{hint}; then {again}")
-        raise CliError(str(e), hint) from e
+        hint = ("`rgt policy --default` and `rgt policy RUN` show the stored wake policies; --reset "
+                "forgets one")
+        _no_verdict(EXIT_STORE, str(e), f"rgt could not judge: a stored wake policy is bad: {e}", again, runs,
+                    hint=hint)
+        raise _StoreUnusable(str(e), hint) from e
     except Exception as e:  # a bug: rgt's command boundary reports it; the JSON line comes first
         _no_verdict(EXIT_FAILED, f"internal error: {type(e).__name__}: {e}",
-                    "rgt failed, so nothing was judged",
-                    f"rgt --debug {again[len('rgt '):]} shows the traceback; please report it")
+                    "rgt failed, so nothing was judged; `rgt --debug` shows the traceback, please report it",
+                    "rgt --debug " + again[len("rgt "):], runs)
         raise
     result = dataclasses.replace(result, record=with_entry(result.record))
     emit_json(result.record)
@@ -242,7 +299,8 @@ def status_command(run: Optional[str], as_json: bool, ref: Optional[str]) -> Non
         for run_id, nodes in ids.items():
             for stream in nodes if nodes is not None else [run_id]:
                 try:
-                    starter(stream)
+                    if needs_watcher(store, stream):
+                        starter(stream)
                 except Exception:  # status shows what is stored even when the watcher cannot start
                     log.warning("could not start the background watcher of %s", stream, exc_info=True)
         summaries = [status_group.summarize(store, run_id) if nodes is not None else
@@ -385,4 +443,5 @@ def policy_command(run: Optional[str], default: bool, add: Sequence[str], mute: 
         click.echo(_show(scope, layer, effective))
 
 
-__all__ = ["parse_duration", "plot_command", "policy_command", "status_command", "watch_command"]
+__all__ = ["needs_watcher", "parse_duration", "plot_command", "policy_command", "status_command",
+           "watch_command"]

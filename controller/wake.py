@@ -10,25 +10,42 @@ above (an onset or an escalation; never a clear, never telemetry), any
 a broken transport says nothing about the job, so the watch judges it by its
 budget (exit 4), not as an event. The policy then adds kinds (always
 material), mutes kinds (never), and sets quiet hours (only critical events
-and job exits wake). A condition that woke someone does not wake again for the
-same kind and identity inside flap_window_s, so a flapping condition wakes once.
+and job exits wake).
+
+Wake keys are conditions (kind and identity), not events: a condition that woke
+someone wakes again only when it re-opens after a clear (and not inside
+flap_window_s, so a flapping condition wakes once), or escalates (warn ->
+critical, an OOM kill). One made moot by a later, graver event never wakes
+(superseded: memory pressure by the OOM kill it led to, a failed `rgt verify` by
+a later pass, an onset by its escalation, a dead-man warning by the firing). The
+dead-man's warnings are keyed by the lease they warn about, not by the renewal
+each late renewal moves. A job exit is judged by controller.life (a stop by
+request is not a failure). What a wake says is in controller.wake_text.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import re
-import shlex
-import signal
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import protocol
 
-from controller.render import printable, summarize
+from controller.life import Life
 from controller.store import LocalEvent
-
-AnyEvent = Union[protocol.Event, LocalEvent]
+from controller.wake_text import (
+    EXPLAIN_MAX,
+    AnyEvent,
+    explain,
+    next_command,
+    number,
+    seconds,
+    signal_name,
+    size,
+    stack_lines,
+    text_of,
+)
 
 # Kinds whose every event is the end of a condition (their onsets are other kinds).
 CLEAR_KINDS: Dict[str, str] = {
@@ -47,7 +64,14 @@ IDENT_FIELDS = ("gpu", "name", "path", "resource", "part", "code")
 POLICY_KEYS = ("add", "mute", "min_sev", "quiet", "flap_window_s", "link_budget_s")
 _WINDOW = re.compile(r"^([01]\d|2[0-4]):([0-5]\d)-([01]\d|2[0-4]):([0-5]\d)$")
 _KIND = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\*?$")
-EXPLAIN_MAX = 240
+ESCALATING_STATES = ("escalated", "oom_kill")   # data.state values that make a condition graver
+DEADMAN = "deadman."
+# Kinds that end what another kind warned of (see superseded): the warning never wakes after them.
+SUPERSEDED_BY: Dict[str, Tuple[str, ...]] = {
+    "mem.pressure": ("job.exited",),
+    "train.nonfinite": ("job.exited",),
+    "deadman.expiring": ("deadman.firing", "deadman.fired"),
+}
 
 
 # ---- the policy -----------------------------------------------------------------
@@ -201,7 +225,7 @@ def merged(*layers: Mapping[str, Any]) -> Policy:
     return policy
 
 
-# ---- events ---------------------------------------------------------------------
+# ---- events and conditions ---------------------------------------------------------
 
 
 def event_key(event: AnyEvent) -> str:
@@ -212,7 +236,7 @@ def event_key(event: AnyEvent) -> str:
 
 
 def absorbed_key(key: str) -> str:
-    """The key that marks an event a flapping condition's earlier wake covered."""
+    """The key that marks an event an earlier wake covered (flapping, still open, superseded)."""
     return f"absorbed:{key}"
 
 
@@ -236,24 +260,142 @@ def last_woken(key: str, woken: Mapping[str, float]) -> Optional[float]:
     return max(times) if times else None
 
 
-def identity(event: AnyEvent) -> str:
+def deadman_scope(event: AnyEvent, lease: Optional[str]) -> str:
+    """The lease a dead-man event is about: its trigger (lease or budget) and the arm the watch
+    found before it, never the renewal time (each renewal moves it, and a key made of it would
+    wake again at every late renewal)."""
+    trigger = event.data.get("trigger")
+    return f"{trigger if trigger in ('lease', 'budget') else 'lease'}/{lease or 'arm:?'}"
+
+
+def identity(event: AnyEvent, lease: Optional[str] = None) -> str:
+    """What tells two conditions of one kind apart: IDENT_FIELDS, or for the dead-man its lease."""
+    if event.kind.startswith(DEADMAN):
+        return deadman_scope(event, lease)
     parts = []
     for name in IDENT_FIELDS:
         value = event.data.get(name)
         if value is not None and not isinstance(value, (dict, list)):
-            parts.append(_str(value))
+            parts.append(text_of(value))
     return "/".join(parts)
 
 
-def condition_key(event: AnyEvent) -> str:
-    """cond:<kind>:<identity>; an escalation (warn -> critical) is a condition of its own."""
-    base = CLEAR_KINDS.get(event.kind, event.kind)
-    key = f"cond:{base}:{identity(event)}"
-    return key + ":escalated" if event.data.get("state") == "escalated" else key
+def escalation(event: AnyEvent) -> Optional[str]:
+    """How an event makes its condition graver ("escalated", "oom_kill"), None for an onset or a
+    clear. The dead-man's 5-minute warning escalates its 30-minute one."""
+    state = event.data.get("state")
+    if state in ESCALATING_STATES:
+        return str(state)
+    if event.kind == "deadman.expiring" and event.data.get("minutes_left") == 5:
+        return "escalated"
+    return None
+
+
+def base_condition(event: AnyEvent, lease: Optional[str] = None) -> str:
+    """cond:<kind>:<identity>, whatever the grade (an onset, its escalations and its clears share it)."""
+    return f"cond:{CLEAR_KINDS.get(event.kind, event.kind)}:{identity(event, lease)}"
+
+
+def condition_key(event: AnyEvent, lease: Optional[str] = None) -> str:
+    """cond:<kind>:<identity>; an escalation (warn -> critical, an OOM kill) is a condition of its own."""
+    grade = escalation(event)
+    key = base_condition(event, lease)
+    return f"{key}:{grade}" if grade else key
 
 
 def is_clear(event: AnyEvent) -> bool:
     return event.kind in CLEAR_KINDS or event.data.get("state") == "cleared"
+
+
+def condition_kinds(kind: str) -> Tuple[str, ...]:
+    """The kinds one condition's events come in: its onset kind, then its clear kinds."""
+    base = CLEAR_KINDS.get(kind, kind)
+    return (base, *sorted(k for k, b in CLEAR_KINDS.items() if b == base))
+
+
+def _position(event: AnyEvent) -> Tuple[int, float]:
+    return (event.id, event.ts) if isinstance(event, LocalEvent) else (event.seq, event.ts)
+
+
+def after(a: AnyEvent, b: AnyEvent) -> bool:
+    """a was stored after b: by seq (box) or id (controller) within a stream, by time across."""
+    if isinstance(a, LocalEvent) == isinstance(b, LocalEvent):
+        return _position(a)[0] > _position(b)[0]
+    return a.ts > b.ts
+
+
+def reopened(event: AnyEvent, history: Sequence[AnyEvent], woken: Mapping[str, float],
+             lease: Optional[str] = None) -> bool:
+    """Whether `event` opens its condition again since it last woke a watch: a clear of the
+    condition lies between the newest of its events that woke one and `event`.
+
+    history: the condition's events (condition_kinds) stored before `event`, oldest first.
+    Without a woken event of the condition in it, it cannot tell, and says True."""
+    cond, base = condition_key(event, lease), base_condition(event, lease)
+    past = [e for e in history if after(event, e)]
+    woke = None
+    for i, e in enumerate(past):
+        if condition_key(e, lease) == cond and event_key(e) in woken:
+            woke = i
+    if woke is None:
+        return True
+    return any(is_clear(e) and base_condition(e, lease) == base for e in past[woke + 1:])
+
+
+def supersede_kinds(event: AnyEvent) -> Tuple[str, ...]:
+    """The kinds that may make `event` moot (see superseded); the watch reads them."""
+    if is_clear(event):
+        return ()
+    if event.kind == "verify.done":
+        return ("verify.done",) if event.data.get("ok") is not True else ()
+    out: List[str] = list(condition_kinds(event.kind)) if escalation(event) is None else []
+    out += list(SUPERSEDED_BY.get(event.kind, ()))
+    return tuple(dict.fromkeys(out))
+
+
+def superseded(event: AnyEvent, others: Sequence[AnyEvent],
+               lease: Optional[str] = None) -> Optional[AnyEvent]:
+    """The later, graver event that makes `event` moot, so that it never wakes, or None.
+
+    others: events of supersede_kinds(event) from the same attempt of the run (for dead-man
+    events: of the same lease), oldest first, before and after it. What supersedes:
+      an onset        an escalation of the same condition after it, with no clear between
+      memory pressure the OOM kill it led to (a job.exited with oom_killed of the attempt)
+      a non-finite loss  the exit of its attempt after it (controller.life fails that exit
+                      for it, and its wake tells the loss as its cause)
+      a failed `rgt verify` (verify.done, ok false)   a later one that passed
+      a dead-man warning  the dead-man firing after it (the expiry wakes on its own)
+    """
+    if is_clear(event):
+        return None
+    later = [o for o in others if after(o, event)]
+    if event.kind == "verify.done":
+        if event.data.get("ok") is True:
+            return None
+        return next((o for o in later if o.kind == "verify.done" and o.data.get("ok") is True), None)
+    if event.kind == "mem.pressure":
+        oom = next((o for o in others if o.kind == "job.exited" and o.data.get("oom_killed") is True), None)
+        if oom is not None:
+            return oom
+    if event.kind == "train.nonfinite":
+        ended = next((o for o in later if o.kind == "job.exited"), None)
+        if ended is not None:
+            return ended
+    if event.kind == "deadman.expiring":
+        fired = next((o for o in later if o.kind in ("deadman.firing", "deadman.fired")), None)
+        if fired is not None:
+            return fired
+    if escalation(event) is not None:
+        return None
+    base = base_condition(event, lease)
+    for o in later:
+        if base_condition(o, lease) != base:
+            continue
+        if is_clear(o):
+            return None
+        if escalation(o) is not None:
+            return o
+    return None
 
 
 def _plain(value: Any) -> Any:
@@ -278,13 +420,34 @@ def envelope(event: AnyEvent) -> Dict[str, Any]:
 
 
 def finished_cleanly(event: AnyEvent) -> Optional[bool]:
-    """For job.exited: True when code 0 and the sidecar's final verdict is not a failure."""
+    """For job.exited: True when code 0 and the sidecar's final verdict is not a failure (the
+    bare exit; controller.life judges it with the run's stop request and what came before)."""
     if event.kind != "job.exited":
         return None
     return event.data.get("code") == 0 and event.data.get("final_ok") is not False
 
 
 # ---- the judgement ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What the watch read from the store about one event, so that judge stays pure.
+
+    life: for a job.exited, how it ends the run (controller.life.exit_life with the run's stop
+    request). history: the condition's events stored before it (condition_kinds), oldest
+    first; None when not read (then a woken condition wakes again once its flap window
+    passed). others: events that may supersede it (supersede_kinds). lease: for dead-man
+    events, the lease (arm) they are about. host: the run's host here, for the next command.
+    cause: for a job.exited that life fails for a non-finite loss, that train.nonfinite.
+    """
+
+    life: Optional[Life] = None
+    history: Optional[Tuple[AnyEvent, ...]] = None
+    others: Tuple[AnyEvent, ...] = ()
+    lease: Optional[str] = None
+    host: Optional[str] = None
+    cause: Optional[AnyEvent] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,15 +459,23 @@ class Wake:
     condition: str      # for flapping: "cond:<kind>:<identity>"
     event: Dict[str, Any]
     explain: str        # one line, safe to print
-    next: str           # the command to run next
-    clean_exit: Optional[bool]   # job.exited only: finished cleanly or not
+    next: str           # the command to run next (one shell line)
+    clean_exit: Optional[bool]   # job.exited only: the run ended ok (finished, or stopped by request)
     stacks: Tuple[str, ...] = ()  # job.stalled: a short form of each process's stack
+    life: Optional[Life] = None   # job.exited only: how it ended the run
+    cause: Optional[Dict[str, Any]] = None   # job.exited only: the event that made it fail (envelope)
 
     def record(self, woke_at: float) -> Dict[str, Any]:
         out: Dict[str, Any] = {"exit": 0 if self.clean_exit else 10, "run": self.run, "event": self.event,
-               "explain": self.explain, "next": self.next, "woke_at": woke_at}
+                               "explain": self.explain, "next": self.next, "woke_at": woke_at}
         if self.stacks:
             out["stacks"] = list(self.stacks)
+        if self.life is not None:
+            out["life"] = self.life.to_dict()
+            if self.life.stopped_by:
+                out["stopped_by"] = self.life.stopped_by
+        if self.cause is not None:
+            out["cause"] = self.cause
         return out
 
 
@@ -317,16 +488,21 @@ class Verdict:
     wake: Optional[Wake] = None
 
 
+ABSORBED = ("flapping", "open", "superseded")   # verdicts the watch records as absorbed
+
+
 def judge(event: AnyEvent, policy: Policy, now: float, woken: Mapping[str, float],
-          job_started_at: Optional[float] = None) -> Verdict:
+          job_started_at: Optional[float] = None, context: Optional[Context] = None) -> Verdict:
     """The full verdict: "wake", or one of "woken", "absorbed", "muted", "link", "telemetry",
-    "clear", "below_min_sev", "quiet", "flapping". The watch defers "quiet" events until the
-    quiet hours end and records "flapping" ones as absorbed."""
+    "clear", "below_min_sev", "superseded" (a graver event made it moot), "open" (its condition
+    woke and never cleared since), "quiet", "flapping". The watch defers "quiet" events until
+    the quiet hours end and records those in ABSORBED as absorbed."""
     key = event_key(event)
     if key in woken:
         return Verdict("woken", key)
     if absorbed_key(key) in woken:
         return Verdict("absorbed", key)
+    ctx = context or Context()
     kind, sev = event.kind, event.sev
     exit_event = kind == "job.exited"
     choice = None if exit_event else policy.choice(kind)
@@ -342,24 +518,31 @@ def judge(event: AnyEvent, policy: Policy, now: float, woken: Mapping[str, float
         silent = kind == "sidecar.silent" and isinstance(event, LocalEvent)
         if not silent and severity(sev) < severity(policy.min_sev):
             return Verdict("below_min_sev", key)
+    cond = condition_key(event, ctx.lease)
+    woke_at = None if exit_event else last_woken(cond, woken)
+    if not exit_event and superseded(event, ctx.others, ctx.lease) is not None:
+        return Verdict("superseded", key)
+    if woke_at is not None and ctx.history is not None and not reopened(event, ctx.history, woken, ctx.lease):
+        return Verdict("open", key)
     if policy.quiet_now(now) and not exit_event and sev != "critical":
         return Verdict("quiet", key)
-    cond = condition_key(event)
-    woke_at = last_woken(cond, woken)
-    if not exit_event and woke_at is not None and now - woke_at < policy.flap_window_s:
+    if woke_at is not None and now - woke_at < policy.flap_window_s:
         return Verdict("flapping", key)
-    run = event.run
-    wake = Wake(run=run, key=key, condition=cond, event=envelope(event),
-                explain=explain(event, job_started_at), next=next_command(event),
-                clean_exit=finished_cleanly(event),
-                stacks=tuple(stack_lines(event.data)) if kind == "job.stalled" else ())
+    lived = ctx.life if exit_event else None
+    cause = ctx.cause if exit_event else None
+    wake = Wake(run=event.run, key=key, condition=cond, event=envelope(event),
+                explain=explain(event, job_started_at, lived, cause),
+                next=next_command(event, lived, ctx.host),
+                clean_exit=lived.ok if lived is not None else finished_cleanly(event),
+                stacks=tuple(stack_lines(event.data)) if kind == "job.stalled" else (), life=lived,
+                cause=envelope(cause) if cause is not None else None)
     return Verdict("wake", key, wake)
 
 
 def classify(event: AnyEvent, policy: Policy, now: float, woken: Mapping[str, float],
-             job_started_at: Optional[float] = None) -> Optional[Wake]:
+             job_started_at: Optional[float] = None, context: Optional[Context] = None) -> Optional[Wake]:
     """The Wake for a material event not yet woken, else None (see judge for why not)."""
-    return judge(event, policy, now, woken, job_started_at).wake
+    return judge(event, policy, now, woken, job_started_at, context).wake
 
 
 def severity(sev: str) -> int:
@@ -369,231 +552,10 @@ def severity(sev: str) -> int:
         return 0  # an unknown severity from a newer sidecar: treated as info
 
 
-# ---- what to say ----------------------------------------------------------------
-# Box data is printed through render.printable and cut to one line: a hostile path
-# or error text can neither move the cursor nor add lines.
-
-
-def _huge(value: Any) -> str:
-    """An integer past 64 bits by its size (Python prints none over 4300 digits), else ''."""
-    return f"(an integer of {value.bit_length():,} bits)" if type(value) is int and abs(value) >> 64 else ""
-
-
-def _str(value: Any) -> str:
-    """str(value) that never raises: a huge integer by its size, anything unprintable by its type."""
-    try:
-        return _huge(value) or str(value)
-    except Exception:  # box data: a list of huge integers, a broken __str__
-        return f"({type(value).__name__})"
-
-
-def number(value: Any) -> str:
-    """1,204 / 0.5123 / NaN / Inf: a value as a person reads it."""
-    if isinstance(value, str) and value.lower() in ("nan", "inf", "+inf", "-inf"):
-        value = float(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return "NaN" if math.isnan(value) else ("Inf" if value > 0 else "-Inf")
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return _huge(value) or f"{value:,}"
-    return _str(value)
-
-
-def seconds(value: Any) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or _huge(value):
-        return f"{_huge(value)} s" if _huge(value) else "?"
-    return f"{value:,.0f} s" if value >= 10 else f"{value:.3g} s"
-
-
-def size(value: Any) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or _huge(value):
-        return f"{_huge(value)} B" if _huge(value) else "?"
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f} {unit}"
-    return f"{value:.0f} B"
-
-
-def signal_name(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and not _huge(value):
-        try:
-            return f"{value} ({signal.Signals(value).name})"
-        except ValueError:
-            return str(value)
-    return _str(value)
-
-
-class _Fields(Dict[str, Any]):
-    """Event data for str.format_map: each value formatted by its name's unit, '?' when missing."""
-
-    def __missing__(self, key: str) -> str:
-        return "?"
-
-    def __getitem__(self, key: str) -> str:
-        value = self.get(key)
-        if key == "at":
-            return _at(self)
-        if key == "where":
-            gpu, pci = self.get("gpu"), self.get("pci")
-            return (f"GPU {_str(gpu)}" if gpu is not None else "a GPU") + (f" ({_str(pci)})" if pci else "")
-        if value is None:
-            return "?"
-        if isinstance(value, list):
-            return ", ".join(map(_str, value)) or "?"
-        if key.endswith("bytes"):
-            return size(value)
-        return seconds(value) if key.endswith("_s") else number(value)
-
-
-def _at(d: Mapping[str, Any]) -> str:
-    if d.get("step") is not None:
-        return f" at step {number(d['step'])}"
-    return f" at epoch {number(d['epoch'])}" if d.get("epoch") is not None else ""
-
-
-def _exited(d: Mapping[str, Any], duration: str) -> str:
-    code, sig = d.get("code"), d.get("signal")
-    if d.get("vanished"):
-        head = "the job vanished without an exit record"
-        head += " (OOM kill counted)" if d.get("oom_killed") else ""
-    elif d.get("oom_killed"):
-        what = f"signal {signal_name(sig)}" if sig else f"code {_str(code)}"
-        limit = d.get("oom_limit")
-        head = (f"the job was OOM-killed ({what}): limit hit: {limit}" if isinstance(limit, str) and limit
-                else f"the job was OOM-killed ({what})")
-    elif d.get("preempted"):
-        head = f"the job was preempted: stopped by {signal_name(sig) if sig else 'a signal'} rgt did not send"
-    elif sig:
-        head = f"the job was killed by signal {signal_name(sig)}"
-    elif code == 0 and d.get("final_ok") is not False:
-        head = "the job finished cleanly (code 0)"
-    else:
-        head = f"the job exited with code {_str(code)}"
-    reasons = d.get("final_reasons")
-    if code == 0 and d.get("final_ok") is False:
-        why = "; ".join(map(_str, reasons)) if isinstance(reasons, list) and reasons else "see its events"
-        return f"{head}{duration}, but the run failed: {why}"
-    return head + duration
-
-
-def stack_lines(d: Mapping[str, Any], limit: int = 8) -> List[str]:
-    """A short form of a job.stalled's stacks (box data: checked, escaped later): one line per
-    process, "rank 1 (pid 12): f (a.py:3) < g (b.py:9)", innermost frame first."""
-    stacks = d.get("stacks")
-    if not isinstance(stacks, list):
-        return []
-    out: List[str] = []
-    for s in stacks[:limit]:
-        if not isinstance(s, Mapping):
-            continue
-        rank, pid, threads = s.get("rank"), s.get("pid"), s.get("threads")
-        who = f"rank {number(rank)} (pid {number(pid)})" if rank is not None else f"pid {number(pid)}"
-        first: Mapping[str, Any] = {}
-        if isinstance(threads, list) and threads and isinstance(threads[0], Mapping):
-            first = threads[0]
-        frames = first.get("frames") if isinstance(first.get("frames"), list) else []
-        body = " < ".join(_str(f)[:120] for f in frames[:4]) if frames else _str(s.get("error") or "no stack")
-        out.append(printable(f"{who}: {body}")[:300])
-    return out
-
-
-def _stalled(d: Mapping[str, Any]) -> str:
-    if d.get("verdict") == "stopped (SIGSTOP)":
-        return "process {stopped_pids} of the job is stopped (SIGSTOP, state T): nothing runs until SIGCONT"
-    line = "no progress for {idle_s} (budget {budget_s}){at}; verdict {verdict}" + (
-        ", GPU {gpu_util_pct}% busy" if d.get("gpu_util_pct") is not None else "") + (
-        " on every node; {first_node} stopped first" if d.get("scope") == "all nodes" else "")
-    hang = d.get("hang")
-    if isinstance(hang, Mapping) and isinstance(hang.get("detail"), str):
-        return line + "; " + str(hang["detail"]).replace("{", "(").replace("}", ")")
-    lines = stack_lines(d, 1)
-    return line + ("; " + lines[0].replace("{", "(").replace("}", ")") if lines else "")
-
-
-def _silent(d: Mapping[str, Any]) -> str:
-    silent_s, every = d.get("silent_s"), d.get("heartbeat_interval_s")
-    if isinstance(silent_s, (int, float)) and isinstance(every, (int, float)) and every > 0:
-        return (f"the link is up but no heartbeat for {silent_s / every:.0f} intervals ({{silent_s}}): "
-                "the sidecar or the whole box is frozen (a paused spot instance sends no signal)")
-    return "the link is up but no heartbeat arrived"
-
-
-Template = Union[str, Callable[[Mapping[str, Any]], str]]
-_TEMPLATES: Dict[str, Template] = {
-    "train.nonfinite": "{name} is {value}{at} ({source})",
-    "train.loss_spike": "{name} spiked to {value}{at} (window mean {mean}, sigma {sigma})",
-    "train.metric_zero": ("{name} stayed at exactly 0 for {evaluations} evaluations{at} while the loss "
-                          "fell ({loss_then} -> {loss_now})"),
-    "train.restarted_from_zero": lambda d: (
-        "training restarted at step {new_step} (it had reached step {last_step})"
-        if d.get("new_step") is not None else
-        "training restarted at epoch {new_epoch} (it had reached epoch {last_epoch})"),
-    "train.slow": "steps advance while the GPU idles ({gpu_util_pct}% busy): data-bound",
-    "train.short_run": "the job finished early: {fraction} of its expected {by}",
-    "job.stalled": lambda d: _stalled(d),
-    "gpu.xid": lambda d: "Xid {code} ({xid_name}) on {where}" + (": {advice}" if d.get("advice") else ""),
-    "gpu.lost": "{where} was lost (evidence: {evidence})",
-    "gpu.ecc": lambda d: (
-        "row remapping failed on {where}: the GPU needs replacing" if d.get("reason") == "row_remap_failure"
-        else "uncorrected ECC errors rose on {where} (+{volatile_uncorrected_delta} volatile, "
-             "+{aggregate_uncorrected_delta} aggregate)"),
-    "gpu.throttle": "{where} is throttled: {reasons}",
-    "gpu.foreign_memory": "processes that are not the job hold {bytes} on {where} (pids {pids})",
-    "disk.low": lambda d: "disk {path} is {used_pct}% full ({resource}): " + (
-        "{inodes_free} inodes free" if d.get("resource") == "inodes" else "{avail_bytes} free") + (
-        ", full in ~{eta_to_full_s}" if d.get("eta_to_full_s") is not None else ""),
-    "mem.pressure": lambda d: (
-        "the kernel OOM-killed a process in the job's memory group (+{oom_kill_delta})"
-        if d.get("state") == "oom_kill"
-        else "job memory at {used_pct}% of its limit ({used_bytes} of {limit_bytes})"),
-    "ckpt.suspect": "checkpoint {path} looks suspect: {reason}",
-    "ckpt.stale": lambda d: "no good checkpoint for {age_s} (limit {stale_after_s})" + (
-        "; the last is {last_path} (step {last_step})" if d.get("last_path") else ""),
-    "ckpt.sync_failed": "the durable copy of {path} failed: {error}",
-    "sidecar.silent": _silent,
-    "sidecar.degraded": lambda d: ("the controller's watcher failed: {error}"
-                                   if d.get("source") == "controller"
-                                   else "sidecar part {part} is failing: {error}"),
-    "deadman.fired": "the dead-man lease expired and its safe action ran",
-    "job.preempted": lambda d: "the job was told to stop by someone else than rgt (preemption), " + (
-        "grace {grace_s} before SIGKILL" if d.get("grace_s") is not None else "grace unknown"),
-    "job.rank_failed": "node {node} exited ({how}) while {waiting} still wait on it",
-}
-
-
-def explain(event: AnyEvent, job_started_at: Optional[float] = None) -> str:
-    """One printable line saying what happened (box text escaped, <= EXPLAIN_MAX chars); never raises."""
-    d = event.data
-    template = _TEMPLATES.get(event.kind)
-    try:
-        if event.kind == "job.exited":
-            took = event.ts - job_started_at if job_started_at is not None else None
-            text = _exited(d, f" after {seconds(took)}" if took is not None and took >= 0 else "")
-        elif template is not None:
-            text = (template if isinstance(template, str) else template(d)).format_map(_Fields(d))
-        else:
-            text = f"{event.kind} ({event.sev}): {summarize(d, 120)}"
-    except Exception as e:  # odd stored data: say so rather than fail the watch
-        text = f"{_str(event.kind)} ({_str(event.sev)}): its data could not be shown ({type(e).__name__})"
-    text = printable(text)
-    return text if len(text) <= EXPLAIN_MAX else text[: EXPLAIN_MAX - 3] + "..."
-
-
-def next_command(event: AnyEvent) -> str:
-    """The command a person or agent should run next, concrete and short."""
-    run = printable(shlex.quote(event.run))
-    if event.kind == "job.preempted" or (event.kind == "job.exited" and event.data.get("preempted")):
-        return f"rgt pull {run}, then rgt resume {run} --on HOST"
-    if event.kind == "job.exited":
-        return f"rgt status {run}, then rgt pull {run}"
-    for prefix in ("train.", "gpu.", "ckpt.", "sidecar.degraded"):
-        if event.kind.startswith(prefix):
-            return f"rgt events {run} --kind {prefix.split('.')[0]}."
-    return f"rgt status {run}"
-
-
-__all__ = ["CLEAR_KINDS", "Policy", "Verdict", "Wake", "absorbed_key", "check_layer", "classify",
-           "condition_key", "envelope", "event_key", "explain", "finished_cleanly", "identity", "is_clear",
-           "judge", "last_woken", "mark_key", "merged", "next_command", "number", "parse_kinds",
-           "parse_window", "seconds", "severity", "size", "stack_lines"]
+__all__ = ["ABSORBED", "CLEAR_KINDS", "AnyEvent", "EXPLAIN_MAX", "Context", "Policy", "Verdict", "Wake",
+           "absorbed_key",
+           "after", "base_condition", "check_layer", "classify", "condition_key", "condition_kinds",
+           "deadman_scope", "envelope", "escalation", "event_key", "explain", "finished_cleanly", "identity",
+           "is_clear", "judge", "last_woken", "mark_key", "merged", "next_command", "number", "parse_kinds",
+           "parse_window", "reopened", "seconds", "severity", "signal_name", "size", "stack_lines",
+           "supersede_kinds", "superseded"]

@@ -3,40 +3,58 @@
     10  a material event (controller.wake decides which); the record explains it.
         Also at once for a run that had already ended badly (already_reported says
         whether a watch told it before): 0 never stands for a failed run.
-     0  the run finished cleanly (with all_runs: also when no run is left to watch)
+     0  every watched run ended well: finished cleanly, or stopped by request
+        ("stopped_by" in the record); with all_runs also when nothing is left to watch
      3  the timeout passed with nothing material
      4  the link stayed down past the policy's link budget: the transport is
         down, which says nothing about the job
+(the command adds 2 usage, 5 store unusable, 1 internal error, 130 interrupted: controller.cli_watch)
+
+How a job exit ends a run is controller.life's verdict: a stop rgt was asked for (the laptop's
+run.stop_requested, or the box's stop_requested) is "stopped", not a failure, whatever the
+code; a SIGTERM (143) nobody asked for is a preemption. Every record that ends on an exit, or
+on a run found ended, carries `ended`: run -> life.to_dict() for every run the watch covered.
+Of several runs (or --all), one that ends well is recorded (it does not wake the next watch)
+and the watch goes on; it ends 0 only when every run it covers has ended, queue cells that
+have not launched yet (all_runs) included.
 
 It always ends, and an event that ended one watch never ends the next:
-Store.mark_woken records each wake. Without from_now every stored event of
-the run that has not woken anyone yet is judged first, so an agent that starts
-watching late still learns of a NaN. Events may land out of seq order (gap
-repair), so the loop remembers which seqs it judged above the run's cursor
-rather than only the largest one. Waiting is a cheap PRAGMA data_version poll;
-the events are re-read only when another connection committed.
+Store.mark_woken records each wake, and controller.wake keys conditions, not events (a
+condition still open, or made moot by a graver event, is recorded as absorbed). Without
+from_now every stored event of the run that has not woken anyone yet is judged first, so an
+agent that starts watching late still learns of a NaN. Events may land out of seq order (gap
+repair), so the loop remembers which seqs it judged above the run's cursor rather than only the
+largest one. Waiting is a cheap PRAGMA data_version poll; the events are re-read only when
+another connection committed.
 
 A multi-node run (controller.groups) is watched as its group's row and every node stream. The
 group's verdicts (job.rank_failed, the hung verdict) are recorded by the node streams' watchers;
 the watch checks them too, as it starts, at most every GROUP_CHECK_S while events arrive, and
 when a node's failed exit is about to wake it while other nodes run: it then wakes on the
-job.rank_failed that explains the exit, and that exit does not wake the next watch again. A node
-that finished cleanly ends the watch only once every node has.
+job.rank_failed that explains the exit, and that exit does not wake the next watch again.
 """
 from __future__ import annotations
 
 import dataclasses
 import heapq
 import logging
-import shlex
 import time
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set
 
 from controller import groups, status_group, wake
 from controller import status as status_mod
-from controller.render import printable
 from controller.store import LocalEvent, Store
-from controller.wake import AnyEvent, Policy, seconds
+from controller.wake import AnyEvent, Policy
+from controller.wake_text import cut
+from controller.watch_ends import (
+    Ended,
+    again_command,
+    ended_record,
+    exit_cause,
+    exit_life,
+    link_record,
+    waiting_cells,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +80,13 @@ class _Run:
 
     run: str
     policy: Policy
+    host: Optional[str] = None
     floor: int = 0                        # every sidecar seq <= floor was judged
     seen: Set[int] = dataclasses.field(default_factory=set)   # judged seqs above floor
     local_floor: int = 0                  # every local event id <= this was judged
     job_started_at: Optional[float] = None
     last_life: Optional[AnyEvent] = None  # newest job.started/exited, sidecar.started/stopping
+    exited: bool = False                  # a job.exited came after the newest job.started
     link_lost: Optional[LocalEvent] = None   # the newest link.* event, when it is link.lost
     deferred: List[AnyEvent] = dataclasses.field(default_factory=list)  # held back by quiet hours
     group: bool = False                   # a multi-node group's row: its nodes are watched with it
@@ -74,9 +94,11 @@ class _Run:
     siblings: List[_Run] = dataclasses.field(default_factory=list)     # its group's row and other nodes
 
     def over(self) -> bool:
+        """Nothing more will happen: the job exited (a sidecar.stopping after it changes nothing),
+        or the sidecar's newest lifecycle event is its stop."""
         if self.group:
             return all(s.over() for s in self.siblings)
-        return self.last_life is not None and self.last_life.kind in ("job.exited", "sidecar.stopping")
+        return self.exited or (self.last_life is not None and self.last_life.kind == "sidecar.stopping")
 
     def others_live(self) -> bool:
         return any(not s.over() for s in self.siblings if not s.group)
@@ -90,6 +112,9 @@ class _Run:
             self.last_life = ev
             if ev.kind == "job.started":
                 self.job_started_at = ev.ts
+                self.exited = False
+            elif ev.kind == "job.exited":
+                self.exited = True
 
 
 def policy_for(store: Store, run: str, overrides: Mapping[str, Any]) -> Policy:
@@ -98,8 +123,8 @@ def policy_for(store: Store, run: str, overrides: Mapping[str, Any]) -> Policy:
 
 
 def live_runs(store: Store) -> List[str]:
-    """Runs whose newest lifecycle event is not a job exit or a sidecar stop, newest first;
-    a multi-node group's row while one of its node streams is."""
+    """Runs whose job has not exited and whose sidecar's newest lifecycle event is not its stop,
+    newest first; a multi-node group's row while one of its node streams is."""
     infos = store.runs()
     live = set()
     for info in infos:
@@ -159,7 +184,8 @@ def _lifecycle(store: Store, st: _Run) -> None:
 
 
 def _start(store: Store, run: str, overrides: Mapping[str, Any], from_now: bool) -> _Run:
-    st = _Run(run, policy_for(store, run, overrides))
+    host = store.run(run).get("host")
+    st = _Run(run, policy_for(store, run, overrides), host=host if isinstance(host, str) and host else None)
     _lifecycle(store, st)
     for ev in store.local_events(run, kind_prefix="link."):
         st.note(ev)
@@ -226,11 +252,87 @@ def _absorb_reported_exit(store: Store, found: wake.Wake) -> None:
         store.mark_woken(stream, wake.absorbed_key(f"seq:{seq}"))
 
 
+# ---- what the store says about one event's condition ---------------------------------------
+
+
+def _of_kinds(store: Store, ev: AnyEvent, kinds: Sequence[str]) -> List[AnyEvent]:
+    """The run's events of exactly these kinds from ev's own stream (box or controller), oldest first."""
+    out: List[AnyEvent] = []
+    for kind in kinds:
+        if isinstance(ev, LocalEvent):
+            out += [e for e in store.local_events(ev.run, kind_prefix=kind) if e.kind == kind]
+        else:
+            out += [e for e in store.events(ev.run, kind_prefix=kind) if e.kind == kind]
+    return sorted(out, key=lambda e: e.id if isinstance(e, LocalEvent) else e.seq)
+
+
+def _bounded(store: Store, ev: AnyEvent, events: List[AnyEvent]) -> List[AnyEvent]:
+    """Those of ev's attempt (between the job.started around it), or for a dead-man event those
+    of its lease (between the deadman.armed around it); a controller event's are all its run's."""
+    if isinstance(ev, LocalEvent):
+        return events
+    marks = [e.seq for e in store.events(ev.run, kind_prefix=_boundary(ev)) if e.kind == _boundary(ev)]
+    lo = max((s for s in marks if s < ev.seq), default=0)
+    hi = min((s for s in marks if s > ev.seq), default=None)
+    return [e for e in events if isinstance(e, LocalEvent) or (e.seq > lo and (hi is None or e.seq < hi))]
+
+
+def _boundary(ev: AnyEvent) -> str:
+    return "deadman.armed" if ev.kind.startswith(wake.DEADMAN) else "job.started"
+
+
+def _lease(store: Store, ev: AnyEvent) -> Optional[str]:
+    """The arm a dead-man event is about: the newest deadman.armed stored before it."""
+    if not ev.kind.startswith(wake.DEADMAN) or isinstance(ev, LocalEvent):
+        return None
+    arms = [e for e in store.events(ev.run, kind_prefix="deadman.armed")
+            if e.kind == "deadman.armed" and e.seq < ev.seq]
+    if not arms:
+        return None
+    seq = arms[-1].data.get("deadman_seq")
+    return f"arm:{seq if isinstance(seq, int) and not isinstance(seq, bool) else 'seq' + str(arms[-1].seq)}"
+
+
 class _Watch:
-    def __init__(self, store: Store, now: Callable[[], float]) -> None:
+    def __init__(self, store: Store, now: Callable[[], float], all_runs: bool = False) -> None:
         self.store = store
         self.now = now
-        self.marks: Dict[str, Tuple[int, float, int]] = {}   # Store.change_marks() as last judged
+        self.all_runs = all_runs
+        self.marks: Dict[str, Any] = {}   # Store.change_marks() as last judged
+        self.states: Dict[str, _Run] = {}
+        self.covered: List[str] = []          # every plain run this watch covered, in order
+        self.ended: Dict[str, Ended] = {}     # runs that ended well while watched (not woken)
+        self.waiting: Dict[str, str] = {}     # all_runs: queue cells not launched yet -> state
+
+    def context(self, st: _Run, ev: AnyEvent, woken: Mapping[str, float], full: bool) -> wake.Context:
+        """What judge needs from the store for ev; `full` adds what may supersede it."""
+        lease = _lease(self.store, ev)
+        lived = exit_life(self.store, st.run, ev) if ev.kind == "job.exited" else None
+        cause = exit_cause(self.store, st.run, ev, lived) if lived is not None else None
+        history = None
+        if ev.kind != "job.exited" and wake.last_woken(wake.condition_key(ev, lease), woken) is not None:
+            history = tuple(e for e in _of_kinds(self.store, ev, wake.condition_kinds(ev.kind))
+                            if wake.after(ev, e))
+        others: Sequence[AnyEvent] = ()
+        kinds = wake.supersede_kinds(ev) if full else ()
+        if kinds:
+            others = _bounded(self.store, ev, _of_kinds(self.store, ev, kinds))
+        return wake.Context(life=lived, history=history, others=tuple(others), lease=lease, host=st.host,
+                            cause=cause)
+
+    def verdict(self, st: _Run, ev: AnyEvent, woken: Dict[str, float]) -> wake.Verdict:
+        t = self.now()
+        found = wake.judge(ev, st.policy, t, woken, st.job_started_at, self.context(st, ev, woken, False))
+        if found.wake is None or ev.kind == "job.exited":
+            return found
+        # it would wake: read what may make it moot (rarely needed, so only now)
+        return wake.judge(ev, st.policy, t, woken, st.job_started_at, self.context(st, ev, woken, True))
+
+    def others_live(self, st: _Run) -> bool:
+        """Another watched run (or a queue cell not launched yet) has not ended."""
+        if st.others_live() or self.waiting:
+            return True
+        return any(not s.over() for s in self.states.values() if s is not st and not s.group)
 
     def judge(self, st: _Run, events: Iterable[AnyEvent], woken: Dict[str, float],
               noting: bool) -> Optional[WatchResult]:
@@ -240,12 +342,11 @@ class _Watch:
         for ev in events:
             if noting:
                 st.note(ev)
-            t = self.now()
-            verdict = wake.judge(ev, st.policy, t, woken, st.job_started_at)
+            verdict = self.verdict(st, ev, woken)
             if verdict.reason == "quiet":
                 st.deferred.append(ev)
-            elif verdict.reason == "flapping":
-                _mark(self.store, st.run, wake.absorbed_key(verdict.key), woken, t)
+            elif verdict.reason in wake.ABSORBED:
+                _mark(self.store, st.run, wake.absorbed_key(verdict.key), woken, self.now())
             elif verdict.wake is not None:
                 found.append(verdict.wake)
         if not found:
@@ -257,14 +358,18 @@ class _Watch:
                 return told
         t = self.now()
         _mark(self.store, st.run, best.key, woken, t)
-        if best.clean_exit and st.others_live():
-            return None  # one node finished; the run has not until every node has
+        if best.clean_exit and self.others_live(st):
+            # one run (or node) ended well; the watch ends when every run it covers has
+            self.ended[st.run] = Ended(best, t)
+            return None
         if best.clean_exit is None:
             _mark(self.store, st.run, best.condition, woken, t)
         _absorb_reported_exit(self.store, best)
         record = best.record(t)
         others = {w.condition for w in found if w.condition != best.condition}
         record["pending"] = len(others)  # material events the next watches will report
+        if best.clean_exit is not None:
+            return self.all_ended(t, Ended(best, t), record)
         return WatchResult(int(record["exit"]), record)
 
     def rank_failed(self, st: _Run, exit_wake: wake.Wake) -> Optional[WatchResult]:
@@ -293,11 +398,11 @@ class _Watch:
             return WatchResult(int(found.record(t)["exit"]), {**found.record(t), "pending": 0})
         return None
 
-    def step(self, runs: Dict[str, _Run], changed: bool) -> Optional[WatchResult]:
+    def step(self, changed: bool) -> Optional[WatchResult]:
         """Judge what arrived since the last step (when the store changed), then what quiet
         hours held back once they are over."""
         marks = self.store.change_marks() if changed else {}
-        for st in runs.values():
+        for st in list(self.states.values()):
             held = list(st.deferred) if st.deferred and not st.policy.quiet_now(self.now()) else []
             # Of many runs, only those with something new stored are read (bench/controller_scale.py).
             moved = changed and (st.run not in self.marks or marks.get(st.run) != self.marks[st.run])
@@ -314,10 +419,10 @@ class _Watch:
                 return result
         return None
 
-    def link_down(self, runs: Dict[str, _Run]) -> Optional[WatchResult]:
+    def link_down(self) -> Optional[WatchResult]:
         """Exit 4 once a run's link stayed down past its budget (counted from the last such exit)."""
         t = self.now()
-        for st in runs.values():
+        for st in self.states.values():
             lost = st.link_lost
             if lost is None or t - lost.ts <= st.policy.link_budget_s:
                 continue
@@ -327,71 +432,56 @@ class _Watch:
             if t - since <= st.policy.link_budget_s:
                 continue
             _mark(self.store, st.run, key, woken, t)
-            return WatchResult(EXIT_LINK, {
-                "exit": EXIT_LINK, "run": st.run, "event": wake.envelope(lost), "woke_at": t,
-                "link": "down", "down_s": round(t - lost.ts, 1), "link_budget_s": st.policy.link_budget_s,
-                "explain": (f"the link to the box has been down for {seconds(t - lost.ts)} (budget "
-                            f"{seconds(st.policy.link_budget_s)}): the transport is down; this says "
-                            "NOTHING about the job"),
-                "next": f"rgt status {printable(shlex.quote(st.run))}, then check the box itself (ssh, "
-                        "the provider's console) before concluding anything about the job"})
+            return WatchResult(EXIT_LINK, link_record(st.run, lost, t, st.policy.link_budget_s))
         return None
 
-    def nothing_left(self, runs: Dict[str, _Run], t: float) -> WatchResult:
-        """Every watched run had ended before the watch began: say how, at once.
+    def drop_ended(self) -> None:
+        """Runs that are over leave the watch (a group's row once all its nodes have)."""
+        for run in [r for r, st in self.states.items() if st.over()]:
+            del self.states[run]
 
-        Exit 0 only when they all finished cleanly. A failed exit (or a sidecar that
-        stopped with no job exit stored) is 10 again, flagged already_reported when a
-        watch reported it before: after a lost context, 0 must never suggest success.
-        """
-        ended: Dict[str, Any] = {}
-        bad: Optional[_Run] = None
-        for st in runs.values():
-            last = st.last_life
-            assert last is not None
-            ok = wake.finished_cleanly(last)
-            ended[st.run] = {"event": wake.envelope(last), "ok": ok, "explain": self._ended(st)}
-            bad = bad or (st if not ok else None)
-        pick = bad or next(iter(runs.values()))
-        last = pick.last_life
-        assert last is not None
-        woken = self.store.woken(pick.run)
-        key = wake.event_key(last)
-        reported = wake.last_woken(key, woken) is not None or wake.absorbed_key(key) in woken
-        _mark(self.store, pick.run, key, woken, t)
-        code = EXIT_MATERIAL if bad else EXIT_CLEAN
-        names = ", ".join(printable(r) for r in runs)
-        return WatchResult(code, {
-            "exit": code, "run": pick.run, "event": wake.envelope(last), "explain": self._ended(pick),
-            "next": wake.next_command(last),
-            "woke_at": t, "already_reported": reported, "runs": list(runs), "ended": ended,
-            "status": f"nothing more to watch: {names} ended before this watch began"})
+    def live(self) -> bool:
+        return bool(self.waiting) or any(not st.group for st in self.states.values())
 
-    @staticmethod
-    def _ended(st: _Run) -> str:
-        last = st.last_life
-        assert last is not None
-        if last.kind == "job.exited":
-            return wake.explain(last, st.job_started_at)
-        return "the sidecar stopped and no job exit is stored: nothing more will arrive; check the box"
+    def all_ended(self, t: float, last: Optional[Ended] = None,
+                  record: Optional[Dict[str, Any]] = None, before: bool = False) -> WatchResult:
+        """Every covered run has ended: exit 0 when each ended well, else 10 on the one that did not."""
+        doc = ended_record(self.store, self.covered, t, last or self.newest_end(), record, before)
+        return WatchResult(int(doc["exit"]), doc)
 
-    def timeout(self, runs: Dict[str, _Run], timeout_s: Optional[float]) -> WatchResult:
+    def newest_end(self) -> Optional[Ended]:
+        return max(self.ended.values(), key=lambda e: e.at) if self.ended else None
+
+    def timeout(self, timeout_s: Optional[float], again: str) -> WatchResult:
         t = self.now()
         lines = {}
-        for run, st in runs.items():
+        for run, st in self.states.items():
             lines[run] = (status_group.one_line(status_group.summarize(self.store, run, now=t)) if st.group
                           else status_mod.one_line(status_mod.summarize(self.store, run, now=t)))
-        record: Dict[str, Any] = {"exit": EXIT_TIMEOUT, "runs": list(runs), "status": lines,
-                                  "timeout_s": timeout_s, "woke_at": t}
-        if len(runs) == 1:
-            record["run"] = next(iter(runs))
+        runs = list(self.states)
+        what = "; ".join(f"{run}: {line}" for run, line in lines.items())
+        if self.waiting:
+            what += ("; " if what else "") + "queue cells not launched yet: " + ", ".join(
+                f"{cell} ({state})" for cell, state in self.waiting.items())
+        record: Dict[str, Any] = {
+            "exit": EXIT_TIMEOUT, "run": runs[0] if len(runs) == 1 else None, "runs": runs, "event": None,
+            "explain": cut(f"nothing material happened in {wake.seconds(timeout_s)}: {what}"
+                                          if timeout_s is not None else f"nothing material happened: {what}"),
+            "next": again, "status": lines, "timeout_s": timeout_s, "woke_at": t}
+        if self.waiting:
+            record["waiting"] = dict(self.waiting)
+        if self.ended:
+            record["ended"] = {run: e.wake.life.to_dict() for run, e in self.ended.items() if e.wake.life}
         return WatchResult(EXIT_TIMEOUT, record)
 
 
-def _ensure(ensure_watcher: Optional[Callable[[str], Any]], runs: Sequence[str]) -> None:
+def _ensure(ensure_watcher: Optional[Callable[[str], Any]], states: Mapping[str, _Run]) -> None:
+    """(Re)start the background watcher of every watched run that has not ended."""
     if ensure_watcher is None:
         return
-    for run in runs:
+    for run, st in states.items():
+        if st.over():
+            continue
         try:
             ensure_watcher(run)
         except Exception:  # the watch goes on with what the store has; the reason is logged
@@ -404,26 +494,30 @@ def watch(store: Store, runs: Sequence[str] = (), *, all_runs: bool = False,
           sleep: Callable[[float], Any] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
           ensure_watcher: Optional[Callable[[str], Any]] = None, poll_s: float = POLL_S,
           ensure_every_s: float = ENSURE_EVERY_S) -> WatchResult:
-    """Watch `runs` (ids or unique prefixes) or, with all_runs, every run not ended yet.
+    """Watch `runs` (ids or unique prefixes) or, with all_runs, every run not ended yet (and the
+    queue cells not launched yet).
 
     ValueError for a bad call or bad overrides, StoreError (RunNotFound, ...) for a
     run the store does not know; otherwise a WatchResult (see the module doc).
     `sleep` is called between polls and `ensure_watcher(run)` every ensure_every_s.
     """
     if all_runs == bool(runs):
-        raise ValueError("give one or more runs, or all_runs, not both")
+        raise ValueError("give a run id, or all_runs" if not runs else "give run ids or all_runs, not both")
     overrides = wake.check_layer(policy_overrides or {})
     started = monotonic()
     names = live_runs(store) if all_runs else [store.resolve_run(r) for r in runs]
     names = _expand(store, names)
-    if not names:
-        return _nothing(now())
-    states = {run: _start(store, run, overrides, from_now) for run in names}
-    _link_groups(store, states)
-    known = set(states)  # ever watched here: a run that ended stays out
+    again = again_command(names if not all_runs else (), all_runs)
+    w = _Watch(store, now, all_runs)
+    w.waiting = waiting_cells(store) if all_runs else {}
+    if not names and not w.waiting:
+        return _nothing(now(), again)
+    w.states = {run: _start(store, run, overrides, from_now) for run in names}
+    _link_groups(store, w.states)
+    w.covered = [run for run, st in w.states.items() if not st.group]
+    known = set(w.states)  # ever watched here: a run that ended stays out
     next_group_check = started
-    w = _Watch(store, now)
-    _ensure(ensure_watcher, names)
+    _ensure(ensure_watcher, w.states)
     next_ensure = started + ensure_every_s
     deadline = None if timeout_s is None else started + timeout_s
     version: Optional[int] = None
@@ -432,48 +526,54 @@ def watch(store: Store, runs: Sequence[str] = (), *, all_runs: bool = False,
         current = store.data_version()
         if first or (current != version and monotonic() >= next_group_check):
             next_group_check = monotonic() + GROUP_CHECK_S
-            _check_groups(store, states)
-        result = w.step(states, changed=current != version)
+            _check_groups(store, w.states)
+        result = w.step(changed=current != version)
         version = current
         if result is not None:
             return result
         if first:
             first = False
-            over = {run: st for run, st in states.items() if st.over()}
-            for run in over:
-                del states[run]
-            if not states:
-                ended = {run: st for run, st in over.items() if not st.group}
-                return w.nothing_left(ended, now()) if ended else _nothing(now())
-        result = w.link_down(states)
+            if not any(not st.over() for st in w.states.values()) and not w.waiting:
+                return (w.all_ended(now(), before=True) if w.covered else _nothing(now(), again))
+        w.drop_ended()
+        if not w.live():
+            return w.all_ended(now())
+        result = w.link_down()
         if result is not None:
             return result
         if deadline is not None and monotonic() >= deadline:
-            return w.timeout(states, timeout_s)
+            return w.timeout(timeout_s, again)
         if monotonic() >= next_ensure:
             next_ensure = monotonic() + ensure_every_s
-            if _add_new(store, states, known, all_runs, overrides):
+            if all_runs:
+                w.waiting = waiting_cells(store)
+            if _add_new(store, w, known, all_runs, overrides):
                 version = None  # judge the new runs' stored events at the next poll
-            _ensure(ensure_watcher, list(states))
+            _ensure(ensure_watcher, w.states)
         sleep(poll_s)
 
 
-def _nothing(t: float) -> WatchResult:
-    return WatchResult(EXIT_CLEAN, {"exit": EXIT_CLEAN, "runs": [], "woke_at": t,
-                                    "status": "nothing to watch: every run in the store has ended"})
+def _nothing(t: float, again: str) -> WatchResult:
+    return WatchResult(EXIT_CLEAN, {
+        "exit": EXIT_CLEAN, "run": None, "runs": [], "event": None, "woke_at": t, "ended": {},
+        "explain": "nothing to watch: every run in the store has ended and no queue cell waits to launch",
+        "next": "rgt runs", "status": "nothing to watch: every run in the store has ended"})
 
 
-def _add_new(store: Store, states: Dict[str, _Run], known: Set[str], all_runs: bool,
-             overrides: Mapping[str, Any]) -> bool:
-    """Runs that appeared since: live ones (with all_runs) and node streams of watched groups."""
+def _add_new(store: Store, w: _Watch, known: Set[str], all_runs: bool, overrides: Mapping[str, Any]) -> bool:
+    """Runs that appeared since: live ones and those of queue cells (with all_runs), and node
+    streams of watched groups."""
     found = live_runs(store) if all_runs else []
-    found = _expand(store, found + [run for run, st in states.items() if st.group])
+    if all_runs:
+        found += [run for run in waiting_cells(store, runs=True) if run not in found]
+    found = _expand(store, found + [run for run, st in w.states.items() if st.group])
     fresh = [run for run in found if run not in known]
     known.update(fresh)
     for run in fresh:
-        states[run] = _start(store, run, overrides, False)
+        w.states[run] = _start(store, run, overrides, False)
     if fresh:
-        _link_groups(store, states)
+        _link_groups(store, w.states)
+        w.covered += [run for run in fresh if not w.states[run].group]
     return bool(fresh)
 
 

@@ -316,7 +316,7 @@ def test_watch_entry_for_a_nan(store: Store) -> None:
 
 
 def test_with_entry_leaves_other_records_alone() -> None:
-    timeout = {"exit": 3, "runs": [RUN], "status": {}}
-    assert cli_watch.with_entry(timeout) == timeout
+    timeout = {"exit": 3, "runs": [RUN], "status": {}, "event": None}
+    assert cli_watch.with_entry(timeout) == {**timeout, "entry": None}   # the key is always there
     unknown = {"exit": 10, "event": {"kind": "gpu.melted", "data": {}}}
-    assert cli_watch.with_entry(unknown) == unknown
+    assert cli_watch.with_entry(unknown) == {**unknown, "entry": None}

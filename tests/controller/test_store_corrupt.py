@@ -145,17 +145,18 @@ def one_json_line(result: Result) -> Dict[str, Any]:
 
 
 @pytest.mark.parametrize("as_json", [["--json"], []])
-def test_watch_on_a_damaged_row_prints_one_line_with_the_contract_keys_and_exits_1(
+def test_watch_on_a_damaged_row_prints_one_line_with_the_contract_keys_and_exits_5(
         db: Path, as_json: List[str]) -> None:
     damage(db, "UPDATE runs SET meta = '{' WHERE run = 'train-7f3a'")
     result = invoke(["watch", RUN, "--timeout", "5s", *as_json])
-    assert result.exit_code == 1, result.output   # 1: rgt failed and judged nothing; never 2 (usage)
+    assert result.exit_code == 5, result.output   # 5: the store is unusable, nothing judged; never 2 (usage)
     obj = one_json_line(result)
-    assert {"exit", "error", "event", "explain", "next"} <= set(obj)
-    assert obj["exit"] == 1 and obj["event"] is None
+    assert {"exit", "run", "error", "event", "explain", "next", "entry"} <= set(obj)
+    assert obj["exit"] == 5 and obj["event"] is None and obj["run"] == RUN
     assert str(db) in obj["error"] and "the meta of run 'train-7f3a'" in obj["error"]
     assert "nothing was judged" in obj["explain"]
-    assert f"move {db} aside" in obj["next"] and obj["next"].endswith(f"then rgt watch {RUN}")
+    assert f"move {db} aside" in obj["hint"] and obj["next"].endswith(f"; rgt watch {RUN}")
+    assert shlex.split(obj["next"])[:3] == ["for", "f", "in"] and str(db) in obj["next"]
     assert f"error: the store {db} is damaged" in result.stderr
     assert f"hint: move {db} aside" in result.stderr
     assert "internal error" not in result.output + result.stderr
@@ -166,17 +167,16 @@ def test_watch_on_a_garbage_file_prints_one_line_and_quotes_the_runs_to_watch_ag
     (home / "rgt.db").write_bytes(b"not a database " * 500)
     odd = "run; rm -rf ~"
     result = invoke(["watch", odd, "--json"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 5, result.output
     obj = one_json_line(result)
-    assert obj["exit"] == 1 and obj["event"] is None and str(home / "rgt.db") in obj["error"]
-    again = obj["next"].rsplit("then ", 1)[1]
-    assert shlex.split(again) == ["rgt", "watch", odd]
+    assert obj["exit"] == 5 and obj["event"] is None and str(home / "rgt.db") in obj["error"]
+    assert obj["next"].endswith("; " + shlex.join(["rgt", "watch", odd]))
 
 
-def test_watch_on_a_damaged_event_exits_1_not_2(db: Path) -> None:
+def test_watch_on_a_damaged_event_exits_5_not_2(db: Path) -> None:
     damage(db, "UPDATE events SET data = 'x' WHERE run = 'train-7f3a' AND seq = 2")
     result = invoke(["watch", RUN, "--timeout", "5s", "--json"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 5, result.output
     assert "event seq 2 of run 'train-7f3a'" in one_json_line(result)["error"]
 
 

@@ -7,7 +7,7 @@ from typing import Any, Dict
 
 import pytest
 
-from controller import wake
+from controller import wake, wake_text
 from controller.store import LocalEvent
 from controller.wake import Policy, classify, judge
 from protocol import Event
@@ -99,7 +99,7 @@ def test_job_exits_always_wake_and_say_how_they_ended() -> None:
     w = classify(clean, P, NOW, {}, job_started_at=NOW - 5 - 1204)
     assert w is not None and w.clean_exit is True and w.record(NOW)["exit"] == 0
     assert w.explain == "the job finished cleanly (code 0) after 1,204 s"
-    assert w.next == f"rgt status {RUN}, then rgt pull {RUN}"
+    assert w.next == f"rgt status {RUN} && rgt pull {RUN}"
     failed = classify(ev("job.exited", code=3), P, NOW, {}, job_started_at=NOW - 5 - 1204)
     assert failed is not None and failed.clean_exit is False and failed.record(NOW)["exit"] == 10
     assert failed.explain == "the job exited with code 3 after 1,204 s"
@@ -297,7 +297,7 @@ def test_envelope_is_json_with_non_finite_values_as_on_the_wire() -> None:
 def test_a_preemption_wakes_and_points_at_resume() -> None:
     w = classify(ev("job.preempted", signal=15, grace_s=5, pid=9), P, NOW, {})
     assert w is not None and "grace 5 s before SIGKILL" in w.explain
-    assert wake.next_command(ev("job.preempted")) == f"rgt pull {RUN}, then rgt resume {RUN} --on HOST"
+    assert wake.next_command(ev("job.preempted")) == f"rgt pull {RUN} && rgt resume {RUN} --on box1 --dry-run"
     exited = ev("job.exited", code=None, signal=15, oom_killed=False, vanished=False, preempted=True)
     assert "preempted" in wake.explain(exited)
     assert "rgt resume" in wake.next_command(exited)
@@ -324,7 +324,7 @@ ODD = dict(step=HUGE, value=HUGER, name="loss\ud800", idle_s=HUGE, budget_s=HUGE
            stacks=[{"pid": HUGER, "threads": [{"frames": [HUGER]}]}], reason=HUGER)
 
 
-@pytest.mark.parametrize("kind", sorted(wake._TEMPLATES) + ["job.exited", "some.future.kind"])
+@pytest.mark.parametrize("kind", sorted(wake_text._TEMPLATES) + ["job.exited", "some.future.kind"])
 def test_explain_never_raises_on_odd_stored_data(kind: str) -> None:
     text = wake.explain(ev(kind, "critical", **ODD), job_started_at=NOW - 100)
     assert text and "\n" not in text and len(text) <= wake.EXPLAIN_MAX

@@ -213,7 +213,7 @@ def test_a_clean_exit_ends_with_0_and_then_there_is_nothing_to_watch(store: Stor
 
 
 def test_a_material_event_before_a_clean_exit_is_reported_first(store: Store) -> None:
-    store.apply(RUN, [ev(4, "train.nonfinite", "critical", **NAN), ev(5, "job.exited", code=0)], 5)
+    store.apply(RUN, [ev(4, "gpu.throttle", "warn", gpu=0, state="onset"), ev(5, "job.exited", code=0)], 5)
     assert run_watch(store).exit_code == 10
     assert run_watch(store).exit_code == 0
 
@@ -332,8 +332,8 @@ def one_json_line(result: Result) -> Dict[str, Any]:
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "give RUN or --all"),
-    ([RUN, "--all"], "give RUN or --all"),
+    ([], "give a run id, or --all"),
+    ([RUN, "--all"], "give run ids or --all, not both"),
     ([RUN, "--timeout", "5x"], "not a duration"),
     ([RUN, "--min-sev", "loud"], "min_sev must be one of"),
     ([RUN, "--link-budget", "soon"], "not a duration"),
