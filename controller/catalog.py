@@ -32,7 +32,8 @@ SCHEMA_VERSIONS = (1,)
 # Kinds the catalog may name beyond protocol's registry: the dead-man's life, written by the box's
 # dead-man and the controller (the registry gains them as they are built).
 EXTRA_KINDS = ("deadman.armed", "deadman.renewed", "deadman.expiring", "deadman.firing", "deadman.fired",
-               "deadman.disarmed", "deadman.held")
+               "deadman.disarmed", "deadman.held",
+               "verify.done")   # the controller's own: `rgt verify` records it
 TOP_KEYS = ("schema", "verified", "defaults", "entry")
 REQUIRED_KEYS = ("id", "title", "kinds", "symptoms", "signals", "cause", "fix")
 OPTIONAL_KEYS = ("see", "xids", "when")

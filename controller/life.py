@@ -26,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+import protocol
+
 from controller.store import LocalEvent, Store
 
 LAUNCHED, RUNNING = "launched", "running"
@@ -125,11 +127,29 @@ def stop_events(store: Store, run: str, since_id: int = 0) -> List[LocalEvent]:
     return store.local_events(run, since_id=since_id, kind_prefix="run.stop_")
 
 
-def _stopped_by(request: Optional[LocalEvent]) -> Optional[str]:
+def stopped_by(request: Optional[LocalEvent]) -> Optional[str]:
+    """Who asked for a stop request ("rgt stop" when it does not say), or None for no request."""
     if request is None:
         return None
     by = request.data.get("by")
     return by if isinstance(by, str) and by else "rgt stop"
+
+
+def of_exit(store: Store, run: str, end: protocol.Event) -> Life:
+    """How this stored job.exited ends its attempt: the laptop's stop request since the attempt's
+    job.started, and the job.preempted / train.nonfinite onset of the attempt before the exit."""
+    starts = [e for e in store.events(run, kind_prefix="job.started") if e.seq < end.seq]
+    since = starts[-1].seq if starts else 0
+    since_ts = starts[-1].ts if starts else 0.0
+    before = [e for e in store.events(run, since=since, kind_prefix="job.preempted") if e.seq < end.seq]
+    nan = [e for e in store.events(run, since=since, kind_prefix="train.nonfinite")
+           if e.seq < end.seq and e.data.get("state", "onset") == "onset"]
+    request = stop_request(stop_events(store, run), since_ts)
+    evidence: Dict[str, Any] = {"kind": end.kind, "seq": end.seq, "ts": end.ts}
+    if request is not None:
+        evidence["stop_request"] = {"id": request.id, "ts": request.ts}
+    return exit_life(end.data, evidence=evidence, stopped_by=stopped_by(request),
+                     preempted=bool(before), nonfinite=bool(nan))
 
 
 def of_run(store: Store, run: str) -> Life:
@@ -137,20 +157,9 @@ def of_run(store: Store, run: str) -> Life:
     laptop's stop requests, counting only the newest attempt."""
     started = store.events(run, kind_prefix="job.started")
     since = started[-1].seq - 1 if started else 0
-    since_ts = started[-1].ts if started else 0.0
-    local = stop_events(store, run)
     exited = store.events(run, since=since, kind_prefix="job.exited", limit=1)
     if exited:
-        end = exited[0]
-        before = [e for e in store.events(run, since=since, kind_prefix="job.preempted") if e.seq < end.seq]
-        nan = [e for e in store.events(run, since=since, kind_prefix="train.nonfinite")
-               if e.seq < end.seq and e.data.get("state", "onset") == "onset"]
-        request = stop_request(local, since_ts)
-        evidence: Dict[str, Any] = {"kind": end.kind, "seq": end.seq, "ts": end.ts}
-        if request is not None:
-            evidence["stop_request"] = {"id": request.id, "ts": request.ts}
-        return exit_life(end.data, evidence=evidence, stopped_by=_stopped_by(request),
-                         preempted=bool(before), nonfinite=bool(nan))
+        return of_exit(store, run, exited[0])
     stopping = store.events(run, since=since, kind_prefix="sidecar.stopping")
     restarted = store.events(run, since=stopping[-1].seq, kind_prefix="sidecar.started") if stopping else []
     if stopping and not restarted:   # a sidecar started again after it (a reboot, a restart) still runs
@@ -163,5 +172,5 @@ def of_run(store: Store, run: str) -> Life:
 
 
 __all__ = ["ENDED", "FAILED", "FINISHED", "LAUNCHED", "LOST", "Life", "PREEMPTED", "RUNNING", "STATES",
-           "STOPPED", "STOP_ANSWER_KIND", "STOP_KIND", "VANISHED", "exit_life", "of_run", "stop_events",
-           "stop_request"]
+           "STOPPED", "STOP_ANSWER_KIND", "STOP_KIND", "VANISHED", "exit_life", "of_exit", "of_run",
+           "stop_events", "stop_request", "stopped_by"]

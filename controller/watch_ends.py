@@ -38,20 +38,7 @@ def exit_life(store: Store, run: str, ev: AnyEvent) -> life.Life:
     the attempt before it (the same inputs as life.of_run, for this exit rather than the newest)."""
     if isinstance(ev, LocalEvent):
         return life.exit_life(ev.data, evidence={"kind": ev.kind, "id": ev.id, "ts": ev.ts})
-    starts = [e for e in store.events(run, kind_prefix="job.started") if e.seq < ev.seq]
-    since = starts[-1].seq if starts else 0
-    since_ts = starts[-1].ts if starts else 0.0
-    preempted = any(e.seq < ev.seq for e in store.events(run, since=since, kind_prefix="job.preempted"))
-    nonfinite = any(e.seq < ev.seq and e.data.get("state", "onset") == "onset"
-                    for e in store.events(run, since=since, kind_prefix="train.nonfinite"))
-    request = life.stop_request(store.local_events(run, kind_prefix=life.STOP_KIND), since_ts)
-    evidence: Dict[str, Any] = {"kind": ev.kind, "seq": ev.seq, "ts": ev.ts}
-    by = None
-    if request is not None:
-        evidence["stop_request"] = {"id": request.id, "ts": request.ts}
-        said = request.data.get("by")
-        by = said if isinstance(said, str) and said else "rgt stop"
-    return life.exit_life(ev.data, evidence=evidence, stopped_by=by, preempted=preempted, nonfinite=nonfinite)
+    return life.of_exit(store, run, ev)
 
 
 def exit_cause(store: Store, run: str, ev: AnyEvent, lf: life.Life) -> Optional[AnyEvent]:
