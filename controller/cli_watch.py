@@ -343,7 +343,7 @@ def _status_ids(store: Store, run: Optional[str]) -> Dict[str, Optional[List[str
 @click.option("--metric", "metrics", multiple=True, metavar="NAME",
               help="A metric to draw (repeatable); default: the first few, losses first.")
 def plot_command(run: str, ref: Optional[str], output: Path, metrics: Sequence[str]) -> None:
-    """Draw RUN's loss and metric curves (from its train.progress events) into FILE.png.
+    """Draw RUN's loss and metric curves (every logged point) into FILE.png.
 
     \b
     Examples:
