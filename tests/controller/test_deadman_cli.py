@@ -16,6 +16,7 @@ from controller import teardown
 from controller.store import Store
 from onbox import deadman, deadmand
 from onbox.runs import wait_for
+from protocol import Event
 from tests.helpers import REPO, rgt_cmd
 
 
@@ -77,7 +78,12 @@ def test_authorize_needs_a_known_run_an_open_gate_and_the_typed_host(
         with pytest.raises(ctl.DeadmanError, match="no run launched on local"):
             ctl.authorize(store, "local", "terminate", instance_id="i-1", typed="local")
         store.upsert_run("run-a", host="", target="local", run_dir=str(home / "runs" / "run-a"))
-        # Never pulled: the real gate is closed and names the run.
+        # The job may still run (nothing from the box says it ended): the real gate is closed.
+        with pytest.raises(ctl.DeadmanError, match="gate of run run-a is closed: the job has not ended"):
+            ctl.authorize(store, "local", "terminate", instance_id="i-1", typed="local")
+        store.apply("run-a", [Event(run="run-a", host="local", seq=1, ts=1.7e9, kind="job.exited", sev="info",
+                                    data={"code": 0})], 1)
+        # Ended but never pulled: still closed, and it names the run.
         with pytest.raises(ctl.DeadmanError, match="gate of run run-a is closed: not verified"):
             ctl.authorize(store, "local", "terminate", instance_id="i-1", typed="local")
         open_gate = [ctl.RunGate("run-a", teardown.Gate(True, "open", "covered"))]
