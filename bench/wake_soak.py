@@ -3,12 +3,13 @@
 N healthy runs (default 8) train a tiny CPU torch model for --minutes (default 30) with the
 noise a real run has: eval pauses (no progress for 5-12 s; the stall floor is 20 s), checkpoint
 bursts (three saves back to back, the oldest rotated away by the job), a flapping thermal throttle
-from the fake GPU (onbox/sources/fake_gpu.py, thermal_throttle_flapping: it flaps for its first
-ticks, each episode shorter than the detector's 10 s onset), two link flaps, and
-dead-man renewals that always come late (after the T-30 warning; the box's dead-man runs on a
-compressed clock). Beside them, one extra run per planted fault: a NaN, an OOM (in a 256 MiB memory
-cgroup; skipped without one), a stall (the job stops making progress) and a crash (exit 3), each
-some way into the soak.
+from the fake GPU (onbox/sources/fake_gpu.py, thermal_throttle_flapping_long: it flaps for 40
+minutes, each episode shorter than the detector's 10 s onset), two link flaps, and dead-man
+renewals that always come late (five times the watcher's cadence, on the box's compressed clock,
+yet before the T-30 warning: a lease that reaches its warning is material and wakes once per
+lease, which the normal-lives suite asserts). Beside them, one extra run per planted fault: a NaN,
+an OOM (in a 256 MiB memory cgroup; skipped without one), a stall (the job stops making progress)
+and a crash (exit 3), each some way into the soak.
 
 A watcher loop per run calls `rgt watch RUN --json --timeout 60s` again and again, as an agent
 would, until the run has ended. An exit 10 on a healthy run is a false wake (target: 0 per
@@ -43,13 +44,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from boxrig import REPO, BoxRig, write_results
 
 SCALE = 120.0          # the box's dead-man clock: one real second is two box minutes (1 h lease = 30 s)
-RENEW_LATE_S = 20.0    # renewals 20 s after the last: past the T-30 warning (15 s), before T-5 (27.5 s)
+RENEW_LATE_S = 12.0    # 5x the watcher's cadence (2.5 s at this scale), before the T-30 warning (15 s)
 WATCH_TIMEOUT = "60s"
 FAULTS = {"nan": ("train.nonfinite",), "oom": ("job.exited", "mem.pressure"), "stall": ("job.stalled",),
           "crash": ("job.exited",)}
 ONBOX = ["--onbox-arg=--no-preflight", "--onbox-arg=--sidecar-linger=0s", "--onbox-arg=--serve-arg=--no-kmsg",
          "--onbox-arg=--serve-arg=--heartbeat=5", "--onbox-arg=--stall-floor=20",
-         "--onbox-arg=--stall-grace=60", "--onbox-arg=--probe=fake:thermal_throttle_flapping",
+         "--onbox-arg=--stall-grace=60", "--onbox-arg=--probe=fake:thermal_throttle_flapping_long",
          "--onbox-arg=--deadman=1h"]
 
 # The job: a tiny CPU torch model, metrics to $RGT_METRICS, atomic checkpoints to $RGT_CKPT_DIR; it

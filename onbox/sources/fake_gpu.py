@@ -230,8 +230,10 @@ def xid79_on_gpu3(ticks: int = 10, at_tick: int = 3) -> ScriptedProbe:
 THROTTLE_GPU = 5
 
 
-def thermal_throttle_flapping(ticks: int = 12, start_tick: int = 2) -> ScriptedProbe:
-    """GPU 5 overheats from `start_tick`: thermal slowdown on even ticks, off on odd ones.
+def thermal_throttle_flapping(ticks: int = 12, start_tick: int = 2, on_ticks: int = 1,
+                              off_ticks: int = 1) -> ScriptedProbe:
+    """GPU 5 overheats from `start_tick`: thermal slowdown for `on_ticks`, then off for `off_ticks`, over
+    and over (by default on even ticks, off on odd ones).
 
     Throttled ticks report HwThermalSlowdown|SwThermalSlowdown, about half the SM clock, 89-91 C, and a
     thermal violation counter that grows by one full tick (1e9 ns) per throttled tick.
@@ -239,7 +241,7 @@ def thermal_throttle_flapping(ticks: int = 12, start_tick: int = 2) -> ScriptedP
     script = _healthy_ticks(8, ticks)
     violation_ns = 0
     for t in range(start_tick, ticks):
-        throttled = t % 2 == 0
+        throttled = (t - start_tick) % (on_ticks + off_ticks) < on_ticks
         if throttled:
             violation_ns += int(TICK_S * 1e9)
         script[t][THROTTLE_GPU] = h100_sample(
@@ -252,6 +254,14 @@ def thermal_throttle_flapping(ticks: int = 12, start_tick: int = 2) -> ScriptedP
             violation_thermal_ns=violation_ns,
         )
     return ScriptedProbe(h100_capability(8), [h100_info(i) for i in range(8)], script)
+
+
+def thermal_throttle_flapping_long() -> ScriptedProbe:
+    """Thermal blips for 1,200 ticks (40 minutes at the 2 s sample period), a soak's noise: 3 ticks on,
+    6 off. Each episode ends before the throttle detector's 10 s onset and each break outlasts its 5 s
+    gap, so it never becomes a gpu.throttle. (The 2 s on / 2 s off of thermal_throttle_flapping is
+    one throttle episode to the detector: its breaks are shorter than the gap.)"""
+    return thermal_throttle_flapping(ticks=1200, on_ticks=3, off_ticks=6)
 
 
 def gpu_lost_mid_run(ticks: int = 8, at_tick: int = 4) -> ScriptedProbe:
@@ -290,6 +300,7 @@ SCENARIOS: Dict[str, Callable[[], ScriptedProbe]] = {
     "healthy_h100x8": healthy_h100x8,
     "xid79_on_gpu3": xid79_on_gpu3,
     "thermal_throttle_flapping": thermal_throttle_flapping,
+    "thermal_throttle_flapping_long": thermal_throttle_flapping_long,
     "gpu_lost_mid_run": gpu_lost_mid_run,
     "not_supported_everywhere": not_supported_everywhere,
     "nvml_hang": nvml_hang,

@@ -178,6 +178,17 @@ def test_kernel_log_copy_of_an_xid_wins_the_dedupe_and_carries_pid_and_name(tmp_
     assert len(rig.rec.of("gpu.lost")) == 1
 
 
+def test_thermal_blips_shorter_than_the_onset_with_long_breaks_never_raise_a_throttle(
+        tmp_path: Path, rigs: Any) -> None:
+    rig = rigs(tmp_path, fake_gpu.thermal_throttle_flapping(ticks=80, on_ticks=3, off_ticks=6))
+    rig.mon.start()
+    rig.step(79)
+    rig.close()
+    assert set(rig.rec.counts()) == {("gpu.sample", None)}   # the soak's thermal_throttle_flapping_long
+    hot = [d for d in rig.rec.of("gpu.sample") if d["gpu"] == fake_gpu.THROTTLE_GPU]
+    assert any(d["clock_event_reasons"] for d in hot)   # the blips were there
+
+
 def test_thermal_throttle_that_flaps_is_one_onset_and_one_clear(tmp_path: Path, rigs: Any) -> None:
     rig = rigs(tmp_path, fake_gpu.thermal_throttle_flapping(ticks=40))  # throttled on even ticks 2..38
     rig.mon.start()
