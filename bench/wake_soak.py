@@ -5,7 +5,7 @@ noise a real run has: eval pauses (no progress for 5-12 s; the stall floor is 20
 bursts (three saves back to back, the oldest rotated away by the job), a flapping thermal throttle
 from the fake GPU (onbox/sources/fake_gpu.py, thermal_throttle_flapping_long: it flaps for 40
 minutes, each episode shorter than the detector's 10 s onset), two link flaps, and dead-man
-renewals that always come late (five times the watcher's cadence, on the box's compressed clock,
+renewals that always come late (four times the watcher's cadence, on the box's compressed clock,
 yet before the T-30 warning: a lease that reaches its warning is material and wakes once per
 lease, which the normal-lives suite asserts). Beside them, one extra run per planted fault: a NaN,
 an OOM (in a 256 MiB memory cgroup; skipped without one), a stall (the job stops making progress)
@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from boxrig import REPO, BoxRig, write_results
 
 SCALE = 120.0          # the box's dead-man clock: one real second is two box minutes (1 h lease = 30 s)
-RENEW_LATE_S = 12.0    # 5x the watcher's cadence (2.5 s at this scale), before the T-30 warning (15 s)
+RENEW_LATE_S = 10.0    # 4x the watcher's cadence (2.5 s at this scale), before the T-30 warning (15 s)
 WATCH_TIMEOUT = "60s"
 FAULTS = {"nan": ("train.nonfinite",), "oom": ("job.exited", "mem.pressure"), "stall": ("job.stalled",),
           "crash": ("job.exited",)}
@@ -255,7 +255,11 @@ def launch(rig: Rig, job: Path, *args: str) -> Dict[str, Any]:
 
 
 def renew_late(rig: Rig, stop: threading.Event, log: List[float]) -> None:
-    while not stop.wait(RENEW_LATE_S):
+    """Renew every RENEW_LATE_S from the start of the last renewal (a slow call on a loaded box does
+    not push the next one past the warning)."""
+    due = time.monotonic() + RENEW_LATE_S
+    while not stop.wait(max(0.0, due - time.monotonic())):
+        due += RENEW_LATE_S
         if rig.call("deadman", rig.host, "renew", "--json", check=False, timeout_s=60).returncode == 0:
             log.append(time.time())
 

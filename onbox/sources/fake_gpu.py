@@ -257,11 +257,12 @@ def thermal_throttle_flapping(ticks: int = 12, start_tick: int = 2, on_ticks: in
 
 
 def thermal_throttle_flapping_long() -> ScriptedProbe:
-    """Thermal blips for 1,200 ticks (40 minutes at the 2 s sample period), a soak's noise: 3 ticks on,
-    6 off. Each episode ends before the throttle detector's 10 s onset and each break outlasts its 5 s
-    gap, so it never becomes a gpu.throttle. (The 2 s on / 2 s off of thermal_throttle_flapping is
+    """Thermal blips for 1,200 ticks (40 minutes at the 2 s sample period), a soak's noise: 2 ticks on,
+    6 off (two throttled samples span one period, even when a loaded box delays the sampler). Each
+    episode ends before the throttle detector's 10 s onset and each break outlasts its 5 s gap, so
+    it never becomes a gpu.throttle. (The 2 s on / 2 s off of thermal_throttle_flapping is
     one throttle episode to the detector: its breaks are shorter than the gap.)"""
-    return thermal_throttle_flapping(ticks=1200, on_ticks=3, off_ticks=6)
+    return thermal_throttle_flapping(ticks=1200, on_ticks=2, off_ticks=6)
 
 
 def gpu_lost_mid_run(ticks: int = 8, at_tick: int = 4) -> ScriptedProbe:

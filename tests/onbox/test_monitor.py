@@ -180,7 +180,7 @@ def test_kernel_log_copy_of_an_xid_wins_the_dedupe_and_carries_pid_and_name(tmp_
 
 def test_thermal_blips_shorter_than_the_onset_with_long_breaks_never_raise_a_throttle(
         tmp_path: Path, rigs: Any) -> None:
-    rig = rigs(tmp_path, fake_gpu.thermal_throttle_flapping(ticks=80, on_ticks=3, off_ticks=6))
+    rig = rigs(tmp_path, fake_gpu.thermal_throttle_flapping(ticks=80, on_ticks=2, off_ticks=6))
     rig.mon.start()
     rig.step(79)
     rig.close()
