@@ -265,20 +265,14 @@ def renew_late(rig: Rig, stop: threading.Event, log: List[float]) -> None:
 
 
 def memory_cgroup() -> Optional[Path]:
-    from tests.e2e.lives_box import memory_cgroup_base
+    from tests.e2e.cgroups import limit_memory, memory_cgroup_base
 
     base = memory_cgroup_base()
     if base is None:
         return None
     cg = base / f"rgt-soak-{os.getpid()}"
     cg.mkdir()
-    limit = str(256 << 20)
-    if (cg / "memory.max").exists():
-        (cg / "memory.max").write_text(limit)
-    else:
-        (cg / "memory.limit_in_bytes").write_text(limit)
-        if (cg / "memory.memsw.limit_in_bytes").exists():
-            (cg / "memory.memsw.limit_in_bytes").write_text(limit)
+    limit_memory(cg)
     return cg
 
 

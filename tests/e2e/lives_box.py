@@ -21,6 +21,7 @@ import pytest
 
 from controller.store import Store
 from onbox.runs import ProcRef, read_json, wait_for
+from tests.e2e.cgroups import small_memory_cgroup
 from tests.e2e.rgtbox import TEST_ONBOX_ARGS, TRAIN, Rgt
 from tests.helpers import REPO, onbox_cmd, rgt_cmd, wait_until
 
@@ -247,45 +248,11 @@ def end_child(proc: subprocess.Popen[bytes]) -> None:
 # ---- a memory cgroup -----------------------------------------------------------------------------
 
 
-def memory_cgroup_base() -> Optional[Path]:
-    """A writable cgroup (v2, or v1's memory controller) under this process's own."""
-    if os.geteuid() != 0:
-        return None
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, rel = line.split(":", 2)
-        if controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
-            base = Path("/sys/fs/cgroup") / rel.lstrip("/")
-        elif "memory" in controllers.split(","):
-            base = Path("/sys/fs/cgroup/memory") / rel.lstrip("/")
-        else:
-            continue
-        if os.access(base, os.W_OK):
-            return base
-    return None
-
-
 @pytest.fixture
 def memory_cgroup() -> Iterator[Path]:
     """An empty cgroup limited to 256 MiB (no swap); removed once empty."""
-    base = memory_cgroup_base()
-    if base is None:
-        pytest.skip("no writable memory cgroup here (needs root and cgroup v1 memory or v2)")
-    cg = base / f"rgt-lives-{os.getpid()}"
-    cg.mkdir()
-    try:
-        limit = str(256 << 20)
-        if (cg / "memory.max").exists():
-            (cg / "memory.max").write_text(limit)
-            if (cg / "memory.swap.max").exists():
-                (cg / "memory.swap.max").write_text("0")
-        else:
-            (cg / "memory.limit_in_bytes").write_text(limit)
-            if (cg / "memory.memsw.limit_in_bytes").exists():
-                (cg / "memory.memsw.limit_in_bytes").write_text(limit)
+    with small_memory_cgroup("rgt-lives") as cg:
         yield cg
-    finally:
-        wait_until(lambda: not (cg / "cgroup.procs").read_text().strip(), 30, "the cgroup to empty")
-        cg.rmdir()
 
 
 # A job that joins the cgroup, grows to ~95 % of its limit (by the cgroup's own count), holds there

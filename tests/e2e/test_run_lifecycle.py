@@ -19,6 +19,7 @@ import pytest
 from onbox import manifest
 from onbox.journal import read_all
 from onbox.runs import read_json
+from tests.e2e.cgroups import small_memory_cgroup
 from tests.helpers import REPO, wait_until
 from tests.onbox.test_launch import Rig
 
@@ -138,43 +139,10 @@ def test_a_failed_durable_copy_makes_the_run_fail_even_after_a_clean_exit(rig: R
     assert read_json(res.run_dir / "rgt" / "final.json")["ok"] is False
 
 
-def _memory_cgroup() -> Optional[Path]:
-    """A writable cgroup (v2, or v1's memory controller) under this process's own."""
-    if os.geteuid() != 0:
-        return None
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, rel = line.split(":", 2)
-        if controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
-            base = Path("/sys/fs/cgroup") / rel.lstrip("/")
-        elif "memory" in controllers.split(","):
-            base = Path("/sys/fs/cgroup/memory") / rel.lstrip("/")
-        else:
-            continue
-        if os.access(base, os.W_OK):
-            return base
-    return None
-
-
 @pytest.fixture
 def small_cgroup() -> Iterator[Path]:
-    base = _memory_cgroup()
-    if base is None:
-        pytest.skip("no writable memory cgroup here (needs root and cgroup v1 memory or v2)")
-    cg = base / f"rgt-oom-test-{os.getpid()}"
-    cg.mkdir()
-    try:
-        limit = str(256 << 20)
-        if (cg / "memory.max").exists():
-            (cg / "memory.max").write_text(limit)
-            (cg / "memory.swap.max").write_text("0") if (cg / "memory.swap.max").exists() else None
-        else:
-            (cg / "memory.limit_in_bytes").write_text(limit)
-            if (cg / "memory.memsw.limit_in_bytes").exists():
-                (cg / "memory.memsw.limit_in_bytes").write_text(limit)
+    with small_memory_cgroup("rgt-oom-test") as cg:
         yield cg
-    finally:
-        wait_until(lambda: not (cg / "cgroup.procs").read_text().strip(), 30, "the cgroup to empty")
-        cg.rmdir()
 
 
 def test_an_oom_kill_in_the_jobs_cgroup_is_reported(tmp_path: Path, small_cgroup: Path) -> None:
