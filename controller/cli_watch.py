@@ -29,11 +29,11 @@ from controller import groups, life, paths, status_group, wake
 from controller import status as status_mod
 from controller.catalog import CatalogError
 from controller.clibase import CliError, RgtCommand, emit_json, sigterm_as_interrupt
+from controller.errors import StoreCorrupt
 from controller.explain import entry_for_event
 from controller.plot import PlotError, plot
 from controller.render import printable
 from controller.store import AmbiguousRun, RunNotFound, Store, StoreError
-from controller.storeerrors import StoreCorrupt
 from controller.watch import WatchResult, watch
 from controller.watch_ends import again_command
 

@@ -32,8 +32,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 from protocol import metrics as schema
 
 from controller import boxtrust, install
+from controller.errors import StoreError
 from controller.store import Store
-from controller.storeerrors import StoreError
 
 METRICS_FILE = "metrics.jsonl"
 CAP_BYTES = 64 << 20        # the newest part of a metrics.jsonl read

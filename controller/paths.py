@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 from typing import Mapping, Optional
 
-from controller.storeerrors import StoreError
+from controller.errors import StoreError
 
 log = logging.getLogger(__name__)
 

@@ -40,8 +40,8 @@ import sqlite3
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from controller import boxtrust, life, paths
+from controller.errors import StoreCorrupt, recovery_hint
 from controller.store import LocalEvent, Store, StoreError
-from controller.storeerrors import StoreCorrupt, recovery_hint
 
 PENDING, LAUNCHING, RUNNING, RETRYING = "pending", "launching", "running", "retrying"
 DONE, STOPPED, FAILED, CANCELLED = "done", "stopped", "failed", "cancelled"

@@ -40,8 +40,7 @@ from typing import (
 import protocol
 
 from controller import paths, storesql
-from controller.schema import MIGRATIONS, SCHEMA_VERSION, Migration
-from controller.storeerrors import (
+from controller.errors import (
     AmbiguousRun,
     HostNotFound,
     RunNotFound,
@@ -52,6 +51,7 @@ from controller.storeerrors import (
     load_json,
     translate,
 )
+from controller.schema import MIGRATIONS, SCHEMA_VERSION, Migration
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "AmbiguousRun", "HostNotFound", "LocalEvent", "Migration",
            "RunNotFound", "SchemaTooNew", "Store", "StoreBusy", "StoreCorrupt", "StoreError"]
