@@ -16,8 +16,8 @@ from typing import Callable, Optional, Sequence
 from protocol import Event, ProtocolError
 from protocol.endpoints import Endpoints
 
-from .store import Store
-from .subscriber import EventsHook, Subscriber
+from controller.store import Store
+from controller.subscriber import EventsHook, Subscriber
 
 log = logging.getLogger(__name__)
 

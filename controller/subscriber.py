@@ -41,9 +41,9 @@ from protocol import (
 )
 from protocol.endpoints import Endpoints
 
-from . import boxtrust
-from .store import AmbiguousRun, RunNotFound, Store
-from .transport import CurveClient, Link
+from controller import boxtrust
+from controller.store import AmbiguousRun, RunNotFound, Store
+from controller.transport import CurveClient, Link
 
 log = logging.getLogger(__name__)
 
