@@ -74,7 +74,7 @@ class BoxRig:
     def stored(self, run: str, kind: str) -> int:
         """How many events of `kind` the controller has stored so far."""
         os.environ["RGT_HOME"] = str(self.home)
-        from controller.store import Store
+        from controller.store.db import Store
 
         with Store.open() as store:
             return len(store.events(run, kind_prefix=kind))

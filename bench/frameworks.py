@@ -84,7 +84,7 @@ class Rig:
 
     def events(self, run: str, kind: str) -> List[Any]:
         os.environ["RGT_HOME"] = self.env["RGT_HOME"]
-        from controller.store import Store
+        from controller.store.db import Store
 
         with Store.open() as store:
             return list(store.events(run, kind_prefix=kind))

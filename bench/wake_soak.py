@@ -204,7 +204,7 @@ class SshRig(Rig):
 
 def _count_local(rig: Rig, run: str, kind: str) -> int:
     os.environ["RGT_HOME"] = rig.env["RGT_HOME"]
-    from controller.store import Store
+    from controller.store.db import Store
 
     with Store.open() as store:
         return len(store.local_events(run, kind_prefix=kind))
@@ -314,7 +314,7 @@ NOISE = ("gpu.sample", "gpu.throttle", "ckpt.saved", "ckpt.removed", "deadman.ex
 def noise_of(rig: Rig, runs: List[str]) -> Dict[str, Dict[str, int]]:
     """How much of each kind of noise every run's store holds: proof the noise was there."""
     os.environ["RGT_HOME"] = rig.env["RGT_HOME"]
-    from controller.store import Store
+    from controller.store.db import Store
 
     out: Dict[str, Dict[str, int]] = {}
     with Store.open() as store:

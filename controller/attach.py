@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 from protocol import Event, ProtocolError
 from protocol.endpoints import Endpoints
 
-from controller.store import Store
+from controller.store.db import Store
 from controller.subscriber import EventsHook, Subscriber
 
 log = logging.getLogger(__name__)

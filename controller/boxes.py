@@ -20,7 +20,7 @@ from controller import boxtrust, codesync, install, life, status
 from controller.install import LOCAL, InstallError, check_version, host_record, onbox_command
 from controller.output import error_tail, last_json_object
 from controller.ssh import LocalShell, Ssh, SshError
-from controller.store import AmbiguousRun, RunNotFound, Store
+from controller.store.db import AmbiguousRun, RunNotFound, Store
 
 Shell = Union[Ssh, LocalShell]
 STOP_ANSWER_KIND = life.STOP_ANSWER_KIND   # the box's answer to a recorded stop request

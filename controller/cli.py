@@ -114,7 +114,7 @@ def events_command(run: str, as_json: bool, follow: bool, kind_prefix: Optional[
     "controller". A controller event has no seq ("-"; null and its "id" with --json).
     """
     from controller import eventlog
-    from controller.store import Store
+    from controller.store.db import Store
 
     line = eventlog.json_line if as_json else eventlog.table_row
     with Store.open() as store:
@@ -154,7 +154,7 @@ def attach_command(run_dir: Path, as_json: bool, until_exit: bool, timeout_s: Op
     command or the sidecar was killed and restarted; events print as they land.
     """
     from controller.attach import AttachError, attach
-    from controller.store import Store
+    from controller.store.db import Store
     from controller.subscriber import SubscriberError
 
     line = render.json_line if as_json else render.table_row

@@ -19,7 +19,7 @@ from controller.build import BuildError
 from controller.clibase import JSON_OPTION, CliError, RgtCommand, RgtGroup, emit_json
 from controller.render import printable
 from controller.ssh import Shell, SshError
-from controller.store import Store
+from controller.store.db import Store
 
 HOST_ARGUMENT = click.argument("host", metavar="HOST")
 

@@ -19,7 +19,7 @@ from controller import render
 from controller.clibase import JSON_OPTION, CliError, RgtCommand, emit_json
 from controller.compare import compare, iter_rows
 from controller.compare_load import CompareError, RunFacts, Shell, load_dir, load_stored
-from controller.store import Store
+from controller.store.db import Store
 
 _WIDTH = 40
 

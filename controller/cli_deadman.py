@@ -13,7 +13,7 @@ import click
 
 from controller import deadman
 from controller.clibase import JSON_OPTION, CliError, RgtGroup, emit_json
-from controller.store import Store
+from controller.store.db import Store
 
 
 @contextlib.contextmanager

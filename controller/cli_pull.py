@@ -23,7 +23,7 @@ from controller.clibase import (
     sigterm_as_interrupt,
 )
 from controller.pull import Progress, PullError, pull
-from controller.store import Store
+from controller.store.db import Store
 
 # ---- rgt pull ---------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import click
 from controller import queue as q
 from controller import queuerun, render
 from controller.clibase import JSON_OPTION, CliError, RgtCommand, RgtGroup, emit_json, sigterm_as_interrupt
-from controller.store import Store
+from controller.store.db import Store
 
 _REASON_WIDTH = 70
 

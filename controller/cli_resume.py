@@ -17,7 +17,7 @@ import click
 from controller import render, resume
 from controller.clibase import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, emit_json
 from controller.ssh import SshError
-from controller.store import Store
+from controller.store.db import Store
 from controller.wake import number, size
 
 

@@ -15,7 +15,7 @@ from controller import boxes, codesync, install, render
 from controller.boxes import LOCAL, BoxError
 from controller.clibase import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, RgtGroup, emit_json
 from controller.ssh import Ssh, SshError
-from controller.store import Store
+from controller.store.db import Store
 
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 

@@ -18,7 +18,7 @@ from controller import groups, install, render
 from controller.clibase import JSON_OPTION, CliError, RgtCommand, emit_json
 from controller.output import error_tail
 from controller.ssh import SshError
-from controller.store import Store
+from controller.store.db import Store
 
 
 @dataclasses.dataclass(frozen=True)

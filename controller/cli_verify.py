@@ -15,7 +15,7 @@ import click
 
 from controller import render, verify_units
 from controller.clibase import CliError, RgtCommand, emit_json
-from controller.store import Store
+from controller.store.db import Store
 from controller.verify import PROOFS, Report, verify
 from controller.verify_load import DEFAULT_TIMEOUT_S
 from controller.verify_metric import (

@@ -33,7 +33,7 @@ from controller.errors import StoreCorrupt
 from controller.explain import entry_for_event
 from controller.plot import PlotError, plot
 from controller.render import printable
-from controller.store import AmbiguousRun, RunNotFound, Store, StoreError
+from controller.store.db import AmbiguousRun, RunNotFound, Store, StoreError
 from controller.watch import WatchResult, watch
 from controller.watch_ends import again_command
 

@@ -26,7 +26,7 @@ from typing import Any, Iterator, Optional, Sequence
 import click
 
 from controller import render
-from controller.store import StoreError
+from controller.store.db import StoreError
 
 log = logging.getLogger(__name__)
 

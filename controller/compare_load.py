@@ -26,7 +26,7 @@ from protocol import metrics as schema
 
 from controller import install
 from controller.ssh import LocalShell, Ssh, SshError
-from controller.store import Store
+from controller.store.db import Store
 
 log = logging.getLogger(__name__)
 

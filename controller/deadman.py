@@ -24,7 +24,7 @@ from controller import install, life, teardown
 from controller.output import error_tail
 from controller.render import printable
 from controller.ssh import SshError
-from controller.store import Store
+from controller.store.db import Store
 
 CALL_TIMEOUT_S = 120
 

@@ -1,7 +1,7 @@
 """What can go wrong with the store, as errors a person can act on.
 
 Every error carries a `hint`: the next step. translate() turns an sqlite3 error into the one
-that says what went wrong with which file; controller.store raises only these.
+that says what went wrong with which file; controller.store.db raises only these.
 """
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
 import protocol
 
 from controller import render
-from controller.events import PAGE, POLL_S, BoxReader, wait_for_change
-from controller.store import LocalEvent, Store
+from controller.store.db import LocalEvent, Store
+from controller.store.events import PAGE, POLL_S, BoxReader, wait_for_change
 
 BOX, CONTROLLER = "box", "controller"
 Item = Union[protocol.Event, LocalEvent]

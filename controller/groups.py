@@ -37,7 +37,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 import protocol
 
 from controller import life
-from controller.store import LocalEvent, RunNotFound, Store
+from controller.store.db import LocalEvent, RunNotFound, Store
 
 log = logging.getLogger(__name__)
 

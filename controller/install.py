@@ -45,7 +45,7 @@ from controller import boxprobe, build, paths
 from controller.output import last_json_object
 from controller.render import printable
 from controller.ssh import LocalShell, Shell, Ssh, ssh_config_file
-from controller.store import HostNotFound, Store
+from controller.store.db import HostNotFound, Store
 from controller.verify_identity import hash_file
 from controller.wheels import (
     Requirement,

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import protocol
 
-from controller.store import LocalEvent, Store
+from controller.store.db import LocalEvent, Store
 
 LAUNCHED, RUNNING = "launched", "running"
 FINISHED, FAILED, STOPPED, PREEMPTED, VANISHED, LOST = (

@@ -33,7 +33,7 @@ from protocol import metrics as schema
 
 from controller import boxtrust, install
 from controller.errors import StoreError
-from controller.store import Store
+from controller.store.db import Store
 
 METRICS_FILE = "metrics.jsonl"
 CAP_BYTES = 64 << 20        # the newest part of a metrics.jsonl read

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import profiles
 
-from controller.store import Store
+from controller.store.db import Store
 
 
 def topic(profile_name: str) -> str:

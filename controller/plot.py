@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from protocol import metrics as schema
 
 from controller.metricref import Curves, load
-from controller.store import Store
+from controller.store.db import Store
 
 INSTALL_HINT = "pip install 'remote-gpu-trainer[plot]'"
 MAX_DEFAULT_METRICS = 4  # panels drawn when no --metric is given

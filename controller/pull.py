@@ -64,7 +64,7 @@ from controller.pullstage import (
     swap_in,
 )
 from controller.ssh import LocalShell, Ssh, SshError, classify
-from controller.store import Store
+from controller.store.db import Store
 
 RSYNC_IO_TIMEOUT_S = 120
 MANIFEST_TIMEOUT_S = 3600  # the box may hash checkpoints custody has not hashed yet

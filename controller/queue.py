@@ -41,7 +41,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from controller import boxtrust, life, paths
 from controller.errors import StoreCorrupt, recovery_hint
-from controller.store import LocalEvent, Store, StoreError
+from controller.store.db import LocalEvent, Store, StoreError
 
 PENDING, LAUNCHING, RUNNING, RETRYING = "pending", "launching", "running", "retrying"
 DONE, STOPPED, FAILED, CANCELLED = "done", "stopped", "failed", "cancelled"

@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from controller import paths, pidlock
 from controller import queue as q
-from controller.store import Store, StoreError
+from controller.store.db import Store, StoreError
 
 log = logging.getLogger(__name__)
 

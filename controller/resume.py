@@ -66,7 +66,7 @@ from controller.resume_command import (
 )
 from controller.ssh import LocalShell, Ssh, SshError
 from controller.status import all_events, nonfinite_checkpoints
-from controller.store import Store
+from controller.store.db import Store
 
 LAUNCH_TIMEOUT_S = 1800  # the launcher hashes (and may copy) the checkpoint before it answers
 CODE_EXCLUDES = (".git", "__pycache__")

@@ -19,7 +19,7 @@ from protocol.metrics import is_metric_name
 
 from controller import life, metricref, wake
 from controller.render import local_time, printable
-from controller.store import LocalEvent, Store
+from controller.store.db import LocalEvent, Store
 from controller.wake import AnyEvent, number, seconds, size
 
 PAGE = 5000

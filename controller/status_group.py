@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from controller import groups, life, status
 from controller.render import local_time, printable
-from controller.store import LocalEvent, Store
+from controller.store.db import LocalEvent, Store
 from controller.wake import number, seconds
 
 RECENT = 3          # group events listed

@@ -42,7 +42,7 @@ from protocol import (
 from protocol.endpoints import Endpoints
 
 from controller import boxtrust
-from controller.store import AmbiguousRun, RunNotFound, Store
+from controller.store.db import AmbiguousRun, RunNotFound, Store
 from controller.transport import CurveClient, Link
 
 log = logging.getLogger(__name__)

@@ -60,7 +60,7 @@ from protocol.pull import check_manifest
 from controller import install, life
 from controller.pullstage import MANIFEST_REL, VERIFIED_REL
 from controller.ssh import SshError
-from controller.store import Store
+from controller.store.db import Store
 from controller.verify_identity import hash_file, pin_of
 
 STALE_MONTHS = profiles.STALE_MONTHS

@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import protocol
 
 from controller.life import Life
-from controller.store import LocalEvent
+from controller.store.db import LocalEvent
 from controller.wake_text import (
     EXPLAIN_MAX,
     AnyEvent,

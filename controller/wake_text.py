@@ -16,7 +16,7 @@ import protocol
 
 from controller import life as life_mod
 from controller.render import printable, summarize
-from controller.store import LocalEvent
+from controller.store.db import LocalEvent
 
 AnyEvent = Union[protocol.Event, LocalEvent]
 EXPLAIN_MAX = 240

@@ -43,7 +43,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 from controller import groups, status_group, wake
 from controller import status as status_mod
-from controller.store import LocalEvent, Store
+from controller.store.db import LocalEvent, Store
 from controller.wake import AnyEvent, Policy
 from controller.wake_text import cut
 from controller.watch_ends import (

@@ -14,7 +14,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 from controller import life, queue, wake
 from controller.render import printable
-from controller.store import LocalEvent, Store
+from controller.store.db import LocalEvent, Store
 from controller.wake import AnyEvent, seconds
 from controller.wake_text import cut, quoted
 

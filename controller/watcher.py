@@ -50,7 +50,7 @@ from protocol.endpoints import Endpoints
 from controller import boxtrust, groups, life, paths, pidlock
 from controller.backoff import Backoff
 from controller.ssh import SshError
-from controller.store import Store, StoreError
+from controller.store.db import Store, StoreError
 from controller.subscriber import Subscriber, SubscriberError
 from controller.watchlink import LOCAL, Link, LocalLink, SshLink, make_link, process_alive
 

@@ -17,7 +17,7 @@ from protocol.endpoints import Endpoints
 
 from controller import boxtrust, paths
 from controller.ssh import Ssh, SshError, short_socket_path, ssh_config_file
-from controller.store import Store
+from controller.store.db import Store
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ def lint(path: str, source: str) -> subprocess.CompletedProcess:
     ("protocol/x.py", "import profiles\n"),
     ("protocol/x.py", "import zmq\n"),
     ("profiles/x.py", "import protocol\n"),
-    ("onbox/x.py", "from controller.store import Store\n"),
+    ("onbox/x.py", "from controller.store.db import Store\n"),
     ("controller/x.py", "import onbox.journal\n"),
     ("onbox/sidecar.py", "import zmq\n"),
     ("onbox/x.py", "import pynvml\n"),

@@ -17,8 +17,9 @@ from typing import IO, Any, Iterator, List, Optional
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli, events
-from controller.store import SCHEMA_VERSION, Store
+from controller import cli
+from controller.store import events
+from controller.store.db import SCHEMA_VERSION, Store
 from protocol import Event, decode_event
 
 RUN = "train-abc123"

@@ -13,7 +13,7 @@ import pytest
 
 from controller import deadman as ctl
 from controller import teardown
-from controller.store import Store
+from controller.store.db import Store
 from onbox import deadman, deadmand
 from onbox.runs import wait_for
 from protocol import Event

@@ -15,7 +15,7 @@ from typing import IO, Any, Dict, List, Tuple
 from click.testing import CliRunner, Result
 
 from controller import cli, eventlog
-from controller.store import Store
+from controller.store.db import Store
 from protocol import Event
 from tests.helpers import REPO, wait_until
 

@@ -14,7 +14,7 @@ from controller.catalog import default_catalog
 from controller.cli_explain import explain_command
 from controller.clibase import RgtGroup
 from controller.explain import entry_for_event, parse_query, tokenize
-from controller.store import Store
+from controller.store.db import Store
 from protocol import Event
 
 # ---- acceptance: problems described the way people write them --------------------------------

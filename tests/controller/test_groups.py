@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 
 from controller import cli_runs, cli_track, cli_watch, groups, wake
 from controller import watch as watch_mod
-from controller.store import LocalEvent, Store
+from controller.store.db import LocalEvent, Store
 from controller.watch import live_runs, watch
 from controller.watcher import Watcher
 from protocol import Event

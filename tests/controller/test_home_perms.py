@@ -13,7 +13,7 @@ from typing import Iterator
 import pytest
 
 from controller import paths, ssh
-from controller.store import Store, StoreError
+from controller.store.db import Store, StoreError
 
 REPO = Path(__file__).resolve().parents[2]
 

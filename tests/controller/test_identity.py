@@ -24,7 +24,7 @@ from controller.boxes import BoxError
 from controller.boxtrust import Untrusted
 from controller.pull import PullError, destination
 from controller.pullstage import Entry, check_entries, prepare
-from controller.store import Store
+from controller.store.db import Store
 from controller.subscriber import Subscriber, SubscriberRefused
 from controller.watcher import LocalLink, SshLink, Watcher, WatchRefused, _finished
 from onbox.sidecar import Sidecar, SidecarConfig

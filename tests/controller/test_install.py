@@ -32,7 +32,7 @@ from controller.install import (
     onbox_command,
 )
 from controller.ssh import LocalShell
-from controller.store import Store
+from controller.store.db import Store
 from controller.wheels import Requirement, Specifier, Version, Wheel, marker_holds, requirements, resolve
 from protocol import PACKAGE_VERSION
 from tests.helpers import REPO

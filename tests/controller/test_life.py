@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 from controller import life
-from controller.store import Store
+from controller.store.db import Store
 from protocol import Event
 
 RUN = "life-run"

@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 
 from controller import boxes, cli, groups, life, status, status_group
 from controller import queue as q
-from controller.store import Store
+from controller.store.db import Store
 from protocol import Event
 from tests.e2e.rgtbox import Rgt, rgt_local
 from tests.helpers import wait_until

@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterator, List, Sequence
 import pytest
 
 from controller import metricref
-from controller.store import Store
+from controller.store.db import Store
 from protocol import Event
 
 RUN, REF = "train-now", "train-ref"

@@ -8,7 +8,7 @@ import pytest
 
 import profiles
 from controller.notices import first_contact, topic
-from controller.store import Store
+from controller.store.db import Store
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from controller import cli_watch, plot
 from controller.clibase import RgtGroup
-from controller.store import Store
+from controller.store.db import Store
 from protocol import Event
 
 RUN = "train-7f3a"

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from controller import cli_watch, plot
-from controller.store import Store
+from controller.store.db import Store
 from protocol import Event
 
 pytest.importorskip("matplotlib")

@@ -14,7 +14,7 @@ import pytest
 
 from controller.pull import Progress, PullError, pull
 from controller.pullstage import MARKER
-from controller.store import Store
+from controller.store.db import Store
 from onbox import manifest
 
 RUN = "run-l"

@@ -18,7 +18,7 @@ from controller import cli, queuerun
 from controller import queue as q
 from controller.boxes import BoxError
 from controller.queuerun import Dispatcher
-from controller.store import Store
+from controller.store.db import Store
 from protocol import Event
 
 NOW = 1_800_000_000.0

@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 from controller import cli, resume, status
 from controller.resume import Checkpoint, Finder, Options, ResumeError
 from controller.ssh import LocalShell
-from controller.store import Store
+from controller.store.db import Store
 from protocol import Event
 from tests.sshbox import SshBox, sshbox
 

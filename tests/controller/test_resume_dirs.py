@@ -17,7 +17,7 @@ import pytest
 from controller import resume
 from controller.resume import Options
 from controller.ssh import LocalShell
-from controller.store import Store
+from controller.store.db import Store
 from onbox import ckptunits, manifest
 from protocol import Event
 from tests.controller.test_resume import RUN, Old, store

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from controller import cli, cli_resume, resume, resume_command
 from controller.resume import Options, ResumeError
-from controller.store import Store
+from controller.store.db import Store
 from onbox.redact import redact_argv
 from protocol import PACKAGE_VERSION
 from tests.controller.test_resume import RUN, Old, store

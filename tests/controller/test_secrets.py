@@ -16,7 +16,7 @@ from controller import secrets
 from controller.cli_box import secret_group
 from controller.clibase import RgtGroup
 from controller.ssh import Ssh
-from controller.store import Store
+from controller.store.db import Store
 from tests.sshbox import SshBox, sshbox  # noqa: F401  (the fixture)
 
 # Quotes, a newline, shell syntax and non-ASCII: the bytes must arrive exactly as they left.

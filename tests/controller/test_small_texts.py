@@ -20,7 +20,7 @@ import profiles
 from controller import catalog, status
 from controller import deadman as ctl
 from controller.ssh import HostKeyChanged, HostKeyUnknown, Ssh, Unreachable, classify
-from controller.store import Store
+from controller.store.db import Store
 from protocol import Event
 from tests.sshbox import SshBox, sshbox  # noqa: F401 (fixture)
 from tests.test_skill_contract import PROGRAMS, every_invocation

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from controller import cli_watch, status
-from controller.store import Store
+from controller.store.db import Store
 from protocol import Event
 
 RUN = "train-7f3a"

@@ -1,4 +1,4 @@
-"""controller.store and controller.paths against real SQLite files."""
+"""controller.store.db and controller.paths against real SQLite files."""
 from __future__ import annotations
 
 import math
@@ -10,8 +10,9 @@ from typing import Any, Iterator, List
 
 import pytest
 
-from controller import paths, store
-from controller.store import (
+from controller import paths
+from controller.store import db as store
+from controller.store.db import (
     SCHEMA_VERSION,
     AmbiguousRun,
     HostNotFound,

@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 
 from controller import cli_watch
 from controller.clibase import RgtGroup
-from controller.store import Store, StoreCorrupt
+from controller.store.db import Store, StoreCorrupt
 from protocol import Event
 
 RUN = "train-7f3a"

@@ -7,7 +7,7 @@ from typing import Iterator, List, Sequence
 
 import pytest
 
-from controller.store import Store
+from controller.store.db import Store
 from controller.subscriber import Subscriber
 from onbox.journal import read_all
 from onbox.sidecar import Sidecar, SidecarConfig

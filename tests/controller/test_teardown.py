@@ -23,7 +23,7 @@ from click.testing import CliRunner, Result
 from controller import life, teardown
 from controller.cli_pull import teardown_command
 from controller.clibase import RgtGroup
-from controller.store import Store
+from controller.store.db import Store
 from onbox import manifest
 from onbox.pullmanifest import build_manifest
 from protocol import Event

@@ -8,7 +8,7 @@ from typing import Any, Dict
 import pytest
 
 from controller import wake, wake_text
-from controller.store import LocalEvent
+from controller.store.db import LocalEvent
 from controller.wake import Policy, classify, judge
 from protocol import Event
 

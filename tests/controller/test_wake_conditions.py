@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller import life, wake
-from controller.store import LocalEvent
+from controller.store.db import LocalEvent
 from controller.wake import Context, Policy, judge
 from protocol import Event
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 
 from controller import cli_watch
 from controller.clibase import RgtGroup
-from controller.store import Store
+from controller.store.db import Store
 from controller.watch import WatchResult, live_runs, watch
 from protocol import Event
 

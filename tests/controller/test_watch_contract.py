@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from controller import cli_watch, life, queue
 from controller.clibase import RgtGroup
-from controller.store import Store
+from controller.store.db import Store
 from controller.watch import WatchResult, watch
 from protocol import Event
 

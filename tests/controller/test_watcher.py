@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from controller.store import Store
+from controller.store.db import Store
 from controller.watcher import _finished, process_alive
 from protocol import Event
 from tests.helpers import wait_until

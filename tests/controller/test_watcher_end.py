@@ -14,7 +14,7 @@ import pytest
 
 from controller import watcher
 from controller.ssh import SshError
-from controller.store import Store
+from controller.store.db import Store
 from controller.subscriber import Subscriber
 from controller.watcher import LocalLink, Watcher, ensure_watcher, outage_s, running_pid
 from onbox.sidecar import Sidecar, SidecarConfig

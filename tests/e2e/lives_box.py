@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import pytest
 
-from controller.store import Store
+from controller.store.db import Store
 from onbox.runs import ProcRef, read_json, wait_for
 from tests.e2e.cgroups import small_memory_cgroup
 from tests.e2e.rgtbox import TEST_ONBOX_ARGS, TRAIN, Rgt

@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from controller.store import Store
+from controller.store.db import Store
 from protocol import Event
 from tests.e2e.evil.box import EvilBox, good_launch
 from tests.e2e.rgtbox import Rgt

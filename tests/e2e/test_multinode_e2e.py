@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Type
 
 import pytest
 
-from controller.store import Store
+from controller.store.db import Store
 from onbox.runs import read_json, run_status, stop_run
 from tests.e2e.rgtbox import Rgt
 from tests.helpers import REPO, wait_until

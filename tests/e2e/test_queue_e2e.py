@@ -16,7 +16,7 @@ import pytest
 
 from controller import queue as q
 from controller import queuerun
-from controller.store import Store
+from controller.store.db import Store
 from tests.e2e.rgtbox import ONBOX, TEST_ONBOX_ARGS, TRAIN, Rgt
 from tests.helpers import wait_until
 

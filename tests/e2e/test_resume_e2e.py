@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Sequence
 
 import pytest
 
-from controller.store import Store
+from controller.store.db import Store
 from onbox.journal import read_all
 from protocol import Event
 from tests.e2e.rgtbox import ONBOX, TEST_ONBOX_ARGS, TRAIN, Rgt

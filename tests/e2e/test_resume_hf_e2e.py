@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from controller.store import Store
+from controller.store.db import Store
 from onbox import manifest
 from protocol import Event
 from tests.e2e.rgtbox import ONBOX, TEST_ONBOX_ARGS, Rgt

@@ -39,7 +39,7 @@ from typing import (
 
 import protocol
 
-from controller import paths, storesql
+from controller import paths
 from controller.errors import (
     AmbiguousRun,
     HostNotFound,
@@ -51,7 +51,8 @@ from controller.errors import (
     load_json,
     translate,
 )
-from controller.schema import MIGRATIONS, SCHEMA_VERSION, Migration
+from controller.store import sql as storesql
+from controller.store.migrations import MIGRATIONS, SCHEMA_VERSION, Migration
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "AmbiguousRun", "HostNotFound", "LocalEvent", "Migration",
            "RunNotFound", "SchemaTooNew", "Store", "StoreBusy", "StoreCorrupt", "StoreError"]

@@ -2,7 +2,7 @@
 
 Append only: a released step never changes (databases out there already ran
 it); a schema change is a new step at the end. SQL only, no executescript (it
-would commit mid-step). controller.store applies them.
+would commit mid-step). controller.store.db applies them.
 """
 from __future__ import annotations
 

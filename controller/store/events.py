@@ -11,7 +11,7 @@ from typing import Iterator, List, Optional, Set
 
 import protocol
 
-from controller.store import Store
+from controller.store.db import Store
 
 log = logging.getLogger(__name__)
 

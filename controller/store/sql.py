@@ -1,4 +1,4 @@
-"""The SQL of controller/store.py that is more than one line (kept apart to keep store.py short)."""
+"""The SQL of controller/store/db.py that is more than one line (kept apart to keep store.py short)."""
 
 UPSERT_RUN = """
 INSERT INTO runs (run, host, boot_id, protocol_version, package_version, meta, endpoint,
