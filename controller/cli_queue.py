@@ -266,8 +266,8 @@ def cancel_command(name: str, stop_running: bool, grace: str, as_json: bool) -> 
 def _stop_running(store: Store, name: str, grace: str) -> List[Dict[str, Any]]:
     """rgt's own stop for every running cell; each such cell is then cancelled, its attempt
     recorded as stopped."""
-    from controller import boxes
-    from controller.ssh import SshError
+    from controller.box import jobs as boxes
+    from controller.box.ssh import SshError
 
     out = []
     for cell in q.cells(store, name):

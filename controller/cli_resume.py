@@ -15,8 +15,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import click
 
 from controller import render, resume
+from controller.box.ssh import SshError
 from controller.clibase import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, emit_json
-from controller.ssh import SshError
 from controller.store.db import Store
 from controller.wake import number, size
 

@@ -11,10 +11,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import click
 
-from controller import boxes, codesync, install, render
-from controller.boxes import LOCAL, BoxError
+from controller import install, render
+from controller.box import codesync
+from controller.box import jobs as boxes
+from controller.box.jobs import LOCAL, BoxError
+from controller.box.ssh import Ssh, SshError
 from controller.clibase import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, RgtGroup, emit_json
-from controller.ssh import Ssh, SshError
 from controller.store.db import Store
 
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -15,9 +15,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import click
 
 from controller import groups, install, render
+from controller.box.ssh import SshError
 from controller.clibase import JSON_OPTION, CliError, RgtCommand, emit_json
 from controller.output import error_tail
-from controller.ssh import SshError
 from controller.store.db import Store
 
 

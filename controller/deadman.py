@@ -21,9 +21,9 @@ import math
 from typing import Any, Dict, List, Optional, Sequence
 
 from controller import install, life, teardown
+from controller.box.ssh import SshError
 from controller.output import error_tail
 from controller.render import printable
-from controller.ssh import SshError
 from controller.store.db import Store
 
 CALL_TIMEOUT_S = 120

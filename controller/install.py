@@ -7,7 +7,7 @@ Steps, each reported on `progress` (stderr in the CLI):
 1. build   this package's wheel from the source tree rgt runs from (controller.build; cached), or
            take --wheel FILE;
 2. probe   the box's Python (--python, else the host profile's scripts.python, else python3) in one
-           round trip (controller.boxprobe): version (Requires-Python of our wheel, 3.9+), marker
+           round trip (controller.box.probe): version (Requires-Python of our wheel, 3.9+), marker
            environment, accepted wheel tags, what is already installed and copied;
 3. resolve which wheels the box needs (controller.wheels: Requires-Dist with markers judged for the
            box, plus py-spy, optional: the sidecar dumps a hung job's stacks with it) from
@@ -41,10 +41,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import profiles
 from protocol import PACKAGE_VERSION
 
-from controller import boxprobe, build, paths
+from controller import build, paths
+from controller.box import probe as boxprobe
+from controller.box.ssh import LocalShell, Shell, Ssh, ssh_config_file
 from controller.output import last_json_object
 from controller.render import printable
-from controller.ssh import LocalShell, Shell, Ssh, ssh_config_file
 from controller.store.db import HostNotFound, Store
 from controller.verify_identity import hash_file
 from controller.wheels import (

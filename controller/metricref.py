@@ -31,7 +31,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from protocol import metrics as schema
 
-from controller import boxtrust, install
+from controller import install
+from controller.box import trust as boxtrust
 from controller.errors import StoreError
 from controller.store.db import Store
 

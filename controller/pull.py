@@ -27,7 +27,7 @@ Sizes are proved here; `rgt verify` proves content (SHA-256, safe load) and writ
 
 The box chooses nothing on the laptop: the run id is checked by the run-id grammar before it names
 ./runs/<run-id>, the manifest must be the run's own (its run id, read from the run's own directory),
-and every path built from it stays under staging (controller.boxtrust.contained; pullstage.inside).
+and every path built from it stays under staging (controller.box.trust.contained; pullstage.inside).
 """
 from __future__ import annotations
 
@@ -49,7 +49,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from protocol import ProtocolError
 from protocol.pull import check_manifest
 
-from controller import boxtrust, install, pidlock
+from controller import install, pidlock
+from controller.box import trust as boxtrust
+from controller.box.ssh import LocalShell, Ssh, SshError, classify
 from controller.output import error_tail, last_json_object
 from controller.pullstage import (
     MANIFEST_REL,
@@ -63,7 +65,6 @@ from controller.pullstage import (
     staging_dir,
     swap_in,
 )
-from controller.ssh import LocalShell, Ssh, SshError, classify
 from controller.store.db import Store
 
 RSYNC_IO_TIMEOUT_S = 120

@@ -39,7 +39,8 @@ import shlex
 import sqlite3
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from controller import boxtrust, life, paths
+from controller import life, paths
+from controller.box import trust as boxtrust
 from controller.errors import StoreCorrupt, recovery_hint
 from controller.store.db import LocalEvent, Store, StoreError
 

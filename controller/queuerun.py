@@ -128,7 +128,7 @@ def launch_on_box(store: Store, host: str, command: Sequence[str], run_id: str, 
 
     The cell's run id is the laptop's (queue.new_run_id). One already recorded is the cell's own
     earlier attempt, resumed in place: boxes.launch relaunches it only on the host it is bound to."""
-    from controller import boxes
+    from controller.box import jobs as boxes
 
     return boxes.launch(store, host, command, run_id=run_id, project=project, onbox_args=onbox_args,
                         relaunch=boxes.recorded(store, run_id) is not None)
@@ -136,8 +136,8 @@ def launch_on_box(store: Store, host: str, command: Sequence[str], run_id: str, 
 
 def probe_box(store: Store, host: str) -> bool:
     """Whether HOST answers a trivial command now."""
-    from controller import boxes
-    from controller.ssh import SshError
+    from controller.box import jobs as boxes
+    from controller.box.ssh import SshError
 
     try:
         boxes.shell_for(store, host).run("true", timeout_s=PROBE_TIMEOUT_S)
@@ -278,8 +278,8 @@ class Dispatcher:
 
     def _launch_cell(self, queue: q.Queue, cell: q.Cell, resumed_from: str) -> List[q.Change]:
         """Ask the box to run a `launching` cell; running, or the launch's failure recorded."""
-        from controller.boxes import BoxError
-        from controller.ssh import SshError
+        from controller.box.jobs import BoxError
+        from controller.box.ssh import SshError
 
         in_place = bool(cell.last.get("in_place"))
         if in_place:

@@ -22,7 +22,7 @@
      recorded one; a durable one when HOST sees a directory there.
    A checkpoint whose weights the newest `rgt verify` found NaN/Inf in (its verify.done record) is
    never picked, unless allow_nonfinite (`--allow-nonfinite`); the plan's notes name it.
-3. Push (rsync over HOST's ssh master, controller/ssh.py): the checkpoint (a directory unit whole,
+3. Push (rsync over HOST's ssh master, controller/box/ssh.py): the checkpoint (a directory unit whole,
    temporary names left out) into the new run's checkpoint dir
    <root>/<project>/active/<new-run>/checkpoints/, and with --code DIR that
    directory's contents into the command's cwd there (.git, __pycache__ and pulled runs left out).
@@ -49,7 +49,9 @@ from protocol.ids import new_run_id
 from protocol.pull import FILENAME as PULL_MANIFEST
 from protocol.pull import is_temporary
 
-from controller import boxtrust, install
+from controller import install
+from controller.box import trust as boxtrust
+from controller.box.ssh import LocalShell, Ssh, SshError
 from controller.install import LOCAL, InstallError
 from controller.output import error_tail, last_json_object
 from controller.pullstage import sha256_of
@@ -64,7 +66,6 @@ from controller.resume_command import (
     run_doc,
     watch,
 )
-from controller.ssh import LocalShell, Ssh, SshError
 from controller.status import all_events, nonfinite_checkpoints
 from controller.store.db import Store
 

@@ -58,8 +58,8 @@ from protocol import ProtocolError
 from protocol.pull import check_manifest
 
 from controller import install, life
+from controller.box.ssh import SshError
 from controller.pullstage import MANIFEST_REL, VERIFIED_REL
-from controller.ssh import SshError
 from controller.store.db import Store
 from controller.verify_identity import hash_file, pin_of
 

@@ -23,7 +23,7 @@ else after EXIT_SETTLE_S with nothing new, and at the latest EXIT_SETTLE_MAX_S a
 watcher started for a run that had ended already (controller.life) only fetches what the store lacks
 and ends, within CATCH_UP_S even when the box cannot be reached; `rgt launch` of a new attempt under
 the same run id leaves a marker (watchers/RUN.launched) so that its watcher waits for that attempt.
-The run id names the watcher's files and the tunnel sockets, so it is checked (controller.boxtrust)
+The run id names the watcher's files and the tunnel sockets, so it is checked (controller.box.trust)
 before any path is made of it, and the subscriber refuses a sidecar that answers for another run or
 host.
 
@@ -47,9 +47,10 @@ from typing import Callable, Dict, Optional, Sequence
 from protocol import Event
 from protocol.endpoints import Endpoints
 
-from controller import boxtrust, groups, life, paths, pidlock
+from controller import groups, life, paths, pidlock
 from controller.backoff import Backoff
-from controller.ssh import SshError
+from controller.box import trust as boxtrust
+from controller.box.ssh import SshError
 from controller.store.db import Store, StoreError
 from controller.subscriber import Subscriber, SubscriberError
 from controller.watchlink import LOCAL, Link, LocalLink, SshLink, make_link, process_alive

@@ -15,8 +15,9 @@ from typing import Any, Dict, Optional, Protocol
 from protocol import ProtocolError
 from protocol.endpoints import Endpoints
 
-from controller import boxtrust, paths
-from controller.ssh import Ssh, SshError, short_socket_path, ssh_config_file
+from controller import paths
+from controller.box import trust as boxtrust
+from controller.box.ssh import Ssh, SshError, short_socket_path, ssh_config_file
 from controller.store.db import Store
 
 log = logging.getLogger(__name__)

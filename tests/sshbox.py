@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import psutil
 import pytest
 
-from controller.ssh import Ssh, SshError
+from controller.box.ssh import Ssh, SshError
 from tests.helpers import wait_until
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"

@@ -115,7 +115,7 @@ def test_a_push_over_ssh_dies_with_a_killed_rgt(big: Path, tmp_path: Path, sshbo
     code = """
         import sys
         from pathlib import Path
-        from controller.ssh import Ssh
+        from controller.box.ssh import Ssh
         ssh = Ssh("box", control_dir=Path(sys.argv[1]), config_file=Path(sys.argv[2]), rsync_bin=sys.argv[3])
         ssh.push(Path(sys.argv[4]), "~/pushed/big.bin")
     """

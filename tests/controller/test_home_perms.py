@@ -12,7 +12,8 @@ from typing import Iterator
 
 import pytest
 
-from controller import paths, ssh
+from controller import paths
+from controller.box import ssh
 from controller.store.db import Store, StoreError
 
 REPO = Path(__file__).resolve().parents[2]

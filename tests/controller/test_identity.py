@@ -18,10 +18,11 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
-from controller import boxes, cli, paths, queuerun, watcher
+from controller import cli, paths, queuerun, watcher
 from controller import queue as q
-from controller.boxes import BoxError
-from controller.boxtrust import Untrusted
+from controller.box import jobs as boxes
+from controller.box.jobs import BoxError
+from controller.box.trust import Untrusted
 from controller.pull import PullError, destination
 from controller.pullstage import Entry, check_entries, prepare
 from controller.store.db import Store

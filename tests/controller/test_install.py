@@ -19,7 +19,9 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import boxprobe, build
+from controller import build
+from controller.box import probe as boxprobe
+from controller.box.ssh import LocalShell
 from controller.cli_box import install_command, secret_group
 from controller.clibase import RgtGroup
 from controller.install import (
@@ -31,7 +33,6 @@ from controller.install import (
     check_version,
     onbox_command,
 )
-from controller.ssh import LocalShell
 from controller.store.db import Store
 from controller.wheels import Requirement, Specifier, Version, Wheel, marker_holds, requirements, resolve
 from protocol import PACKAGE_VERSION

@@ -15,8 +15,9 @@ from typing import Any, Iterator, List, Optional
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import boxes, cli, groups, life, status, status_group
+from controller import cli, groups, life, status, status_group
 from controller import queue as q
+from controller.box import jobs as boxes
 from controller.store.db import Store
 from protocol import Event
 from tests.e2e.rgtbox import Rgt, rgt_local

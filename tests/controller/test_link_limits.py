@@ -11,7 +11,7 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from controller.transport import Link
+from controller.box.transport import Link
 from protocol import MAX_EVENT_BYTES, MAX_FRAME_BYTES, Hello, encode_request
 from protocol.codec import MAX_REPLY_FRAMES
 from protocol.endpoints import Endpoints

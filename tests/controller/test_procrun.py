@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from controller import procrun, ssh
+from controller import procrun
+from controller.box import ssh
 
 FLOOD = [sys.executable, "-c", "import sys\nwhile True: sys.stdout.write('x' * 65536)"]
 ERR_FLOOD = [sys.executable, "-c", "import sys\nwhile True: sys.stderr.write('e' * 65536)"]

@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 
 from controller import cli, queuerun
 from controller import queue as q
-from controller.boxes import BoxError
+from controller.box.jobs import BoxError
 from controller.queuerun import Dispatcher
 from controller.store.db import Store
 from protocol import Event

@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from controller import cli, resume, status
+from controller.box.ssh import LocalShell
 from controller.resume import Checkpoint, Finder, Options, ResumeError
-from controller.ssh import LocalShell
 from controller.store.db import Store
 from protocol import Event
 from tests.sshbox import SshBox, sshbox

@@ -15,8 +15,8 @@ from typing import Any, Dict, List
 import pytest
 
 from controller import resume
+from controller.box.ssh import LocalShell
 from controller.resume import Options
-from controller.ssh import LocalShell
 from controller.store.db import Store
 from onbox import ckptunits, manifest
 from protocol import Event

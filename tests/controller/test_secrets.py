@@ -12,10 +12,10 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import secrets
+from controller.box import secrets
+from controller.box.ssh import Ssh
 from controller.cli_box import secret_group
 from controller.clibase import RgtGroup
-from controller.ssh import Ssh
 from controller.store.db import Store
 from tests.sshbox import SshBox, sshbox  # noqa: F401  (the fixture)
 

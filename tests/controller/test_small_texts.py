@@ -19,7 +19,7 @@ from click.testing import CliRunner
 import profiles
 from controller import catalog, status
 from controller import deadman as ctl
-from controller.ssh import HostKeyChanged, HostKeyUnknown, Ssh, Unreachable, classify
+from controller.box.ssh import HostKeyChanged, HostKeyUnknown, Ssh, Unreachable, classify
 from controller.store.db import Store
 from protocol import Event
 from tests.sshbox import SshBox, sshbox  # noqa: F401 (fixture)

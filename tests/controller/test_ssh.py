@@ -1,4 +1,4 @@
-"""controller.ssh against a real OpenSSH sshd on 127.0.0.1 (tests.sshbox)."""
+"""controller.box.ssh against a real OpenSSH sshd on 127.0.0.1 (tests.sshbox)."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from controller.backoff import Backoff
-from controller.ssh import (
+from controller.box.ssh import (
     SOCKET_PATH_MAX,
     AuthFailed,
     HostKeyChanged,

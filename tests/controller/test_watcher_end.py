@@ -13,7 +13,7 @@ from typing import Iterator, List
 import pytest
 
 from controller import watcher
-from controller.ssh import SshError
+from controller.box.ssh import SshError
 from controller.store.db import Store
 from controller.subscriber import Subscriber
 from controller.watcher import LocalLink, Watcher, ensure_watcher, outage_s, running_pid

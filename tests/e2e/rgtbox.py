@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 from controller import paths
-from controller.ssh import Ssh
+from controller.box.ssh import Ssh
 from controller.store.db import Store
 from controller.watcher import running_pid, stop_watcher
 from onbox.runs import ProcRef, end_process, read_json, run_status, stop_run, wait_for

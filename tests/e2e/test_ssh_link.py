@@ -12,7 +12,7 @@ from typing import List
 import pytest
 
 from controller import paths
-from controller.ssh import Ssh
+from controller.box.ssh import Ssh
 from onbox.journal import read_all
 from tests.e2e.rgtbox import Rgt
 from tests.helpers import wait_until

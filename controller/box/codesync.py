@@ -30,7 +30,7 @@ import shlex
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from controller.ssh import Shell
+from controller.box.ssh import Shell
 
 DEFAULT_LIMIT_BYTES = 200 << 20
 BUILTIN_IGNORES = (".git", ".hg/", ".svn/", "__pycache__/", "*.py[cod]", ".venv/", "venv/", ".tox/", ".nox/",

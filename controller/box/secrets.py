@@ -14,7 +14,7 @@ import re
 import shlex
 from typing import List, Mapping, Optional
 
-from controller.ssh import Shell
+from controller.box.ssh import Shell
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 SECRETS_DIR = "~/.rgt/secrets"

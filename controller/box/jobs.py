@@ -1,7 +1,7 @@
 """Run things on a box: launch a job there, stop it, ask what runs.
 
 Every call goes through one shell for the host: the host's SSH ControlMaster
-(controller.ssh.Ssh), or for the reserved host `local` this machine directly
+(controller.box.ssh.Ssh), or for the reserved host `local` this machine directly
 (LocalShell), so `make demo` and a rented box take the same path. The box's
 `rgt-onbox` does the work; this module builds its command lines (every word
 shell-quoted; secrets never on them) and reads its one JSON answer.
@@ -16,10 +16,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from protocol.ids import new_run_id
 
-from controller import boxtrust, codesync, install, life, status
+from controller import install, life, status
+from controller.box import codesync
+from controller.box import trust as boxtrust
+from controller.box.ssh import LocalShell, Ssh, SshError
 from controller.install import LOCAL, InstallError, check_version, host_record, onbox_command
 from controller.output import error_tail, last_json_object
-from controller.ssh import LocalShell, Ssh, SshError
 from controller.store.db import AmbiguousRun, RunNotFound, Store
 
 Shell = Union[Ssh, LocalShell]
@@ -54,7 +56,7 @@ def _json_answer(out: Any, what: str) -> Dict[str, Any]:
 class Code:
     """`rgt launch --code DIR [--cwd PATH] [--python PY]`: what goes to the box before the launch."""
 
-    code: Optional[Path] = None            # the working tree to sync (controller/codesync.py)
+    code: Optional[Path] = None            # the working tree to sync (controller/box/codesync.py)
     cwd: Optional[str] = None              # the job's cwd on the box (relative: from the synced code)
     python: Optional[str] = None           # the job's interpreter on the box
     limit_bytes: Optional[int] = codesync.DEFAULT_LIMIT_BYTES   # None: copy whatever the size
@@ -153,7 +155,7 @@ def launch(store: Store, host: str, command: Sequence[str], *, run_id: Optional[
 
     The run id is the laptop's: given (and then checked, and refused when another run has it,
     unless `relaunch`: the queue's retry in place) or made here, and passed as --run-id; the
-    box's answer must name it (controller.boxtrust.launch_answer). The versions must match first:
+    box's answer must name it (controller.box.trust.launch_answer). The versions must match first:
     the sidecar and this controller speak one protocol. With `code.code` the working tree goes to
     <root>/<project>/code there first (project: DIR's name unless given) and the job's cwd defaults
     to it. The run is recorded in the store with its host and directory, and what the laptop asked
