@@ -1,6 +1,6 @@
 """`rgt install HOST` and `rgt secret push|list|rm`: what a box needs before a launch.
 
-Thin commands: parse, call controller.install / controller.box.secrets, render. Progress goes to
+Thin commands: parse, call controller.install.onbox / controller.box.secrets, render. Progress goes to
 stderr, results to stdout (`--json`: one object). Added to the `rgt` group in controller/cli.py.
 What the box reports (its paths, versions, secret names) is printed through render.printable.
 """
@@ -13,11 +13,11 @@ from typing import Iterator, Optional, Tuple
 
 import click
 
-from controller import install as installer
 from controller.box import secrets
 from controller.box.ssh import Shell, SshError
-from controller.build import BuildError
 from controller.clibase import JSON_OPTION, CliError, RgtCommand, RgtGroup, emit_json
+from controller.install import onbox as installer
+from controller.install.build import BuildError
 from controller.render import printable
 from controller.store.db import Store
 

@@ -11,12 +11,13 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import click
 
-from controller import install, render
+from controller import render
 from controller.box import codesync
 from controller.box import jobs as boxes
 from controller.box.jobs import LOCAL, BoxError
 from controller.box.ssh import Ssh, SshError
 from controller.clibase import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, RgtGroup, emit_json
+from controller.install import onbox as install
 from controller.store.db import Store
 
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

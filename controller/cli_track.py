@@ -14,9 +14,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import click
 
-from controller import groups, install, render
+from controller import groups, render
 from controller.box.ssh import SshError
 from controller.clibase import JSON_OPTION, CliError, RgtCommand, emit_json
+from controller.install import onbox as install
 from controller.output import error_tail
 from controller.store.db import Store
 

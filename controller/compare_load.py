@@ -24,8 +24,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set,
 
 from protocol import metrics as schema
 
-from controller import install
 from controller.box.ssh import LocalShell, Ssh, SshError
+from controller.install import onbox as install
 from controller.store.db import Store
 
 log = logging.getLogger(__name__)

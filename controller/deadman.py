@@ -20,8 +20,9 @@ import json
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
-from controller import install, life, teardown
+from controller import life, teardown
 from controller.box.ssh import SshError
+from controller.install import onbox as install
 from controller.output import error_tail
 from controller.render import printable
 from controller.store.db import Store

@@ -31,9 +31,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from protocol import metrics as schema
 
-from controller import install
 from controller.box import trust as boxtrust
 from controller.errors import StoreError
+from controller.install import onbox as install
 from controller.store.db import Store
 
 METRICS_FILE = "metrics.jsonl"

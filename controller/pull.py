@@ -49,9 +49,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from protocol import ProtocolError
 from protocol.pull import check_manifest
 
-from controller import install, pidlock
+from controller import pidlock
 from controller.box import trust as boxtrust
 from controller.box.ssh import LocalShell, Ssh, SshError, classify
+from controller.install import onbox as install
 from controller.output import error_tail, last_json_object
 from controller.pullstage import (
     MANIFEST_REL,

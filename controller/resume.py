@@ -49,10 +49,10 @@ from protocol.ids import new_run_id
 from protocol.pull import FILENAME as PULL_MANIFEST
 from protocol.pull import is_temporary
 
-from controller import install
 from controller.box import trust as boxtrust
 from controller.box.ssh import LocalShell, Ssh, SshError
-from controller.install import LOCAL, InstallError
+from controller.install import onbox as install
+from controller.install.onbox import LOCAL, InstallError
 from controller.output import error_tail, last_json_object
 from controller.pullstage import sha256_of
 from controller.resume_command import (

@@ -25,11 +25,11 @@ import shlex
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from controller import install
 from controller.box import trust as boxtrust
 from controller.box.ssh import SshError
 from controller.errors import StoreError
-from controller.install import LOCAL
+from controller.install import onbox as install
+from controller.install.onbox import LOCAL
 
 REDACTED = "***"  # what the box's launcher writes in run.json where a secret-looking value was
 MAX_RUN_JSON_BYTES = 1 << 20

@@ -57,8 +57,9 @@ import profiles
 from protocol import ProtocolError
 from protocol.pull import check_manifest
 
-from controller import install, life
+from controller import life
 from controller.box.ssh import SshError
+from controller.install import onbox as install
 from controller.pullstage import MANIFEST_REL, VERIFIED_REL
 from controller.store.db import Store
 from controller.verify_identity import hash_file, pin_of

@@ -16,11 +16,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from protocol.ids import new_run_id
 
-from controller import install, life, status
+from controller import life, status
 from controller.box import codesync
 from controller.box import trust as boxtrust
 from controller.box.ssh import LocalShell, Ssh, SshError
-from controller.install import LOCAL, InstallError, check_version, host_record, onbox_command
+from controller.install import onbox as install
+from controller.install.onbox import LOCAL, InstallError, check_version, host_record, onbox_command
 from controller.output import error_tail, last_json_object
 from controller.store.db import AmbiguousRun, RunNotFound, Store
 

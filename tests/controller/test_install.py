@@ -19,12 +19,12 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import build
 from controller.box import probe as boxprobe
 from controller.box.ssh import LocalShell
 from controller.cli_box import install_command, secret_group
 from controller.clibase import RgtGroup
-from controller.install import (
+from controller.install import build
+from controller.install.onbox import (
     InstallError,
     InstallOptions,
     OnboxNotFound,
@@ -33,8 +33,16 @@ from controller.install import (
     check_version,
     onbox_command,
 )
+from controller.install.wheels import (
+    Requirement,
+    Specifier,
+    Version,
+    Wheel,
+    marker_holds,
+    requirements,
+    resolve,
+)
 from controller.store.db import Store
-from controller.wheels import Requirement, Specifier, Version, Wheel, marker_holds, requirements, resolve
 from protocol import PACKAGE_VERSION
 from tests.helpers import REPO
 from tests.sshbox import SshBox, sshbox  # noqa: F401  (the fixture)

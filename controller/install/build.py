@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from protocol import PACKAGE_VERSION
 
-from controller.wheels import Wheel, WheelError, normalize
+from controller.install.wheels import Wheel, WheelError, normalize
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -4,12 +4,12 @@
 
 Steps, each reported on `progress` (stderr in the CLI):
 
-1. build   this package's wheel from the source tree rgt runs from (controller.build; cached), or
+1. build   this package's wheel from the source tree rgt runs from (controller.install.build; cached), or
            take --wheel FILE;
 2. probe   the box's Python (--python, else the host profile's scripts.python, else python3) in one
            round trip (controller.box.probe): version (Requires-Python of our wheel, 3.9+), marker
            environment, accepted wheel tags, what is already installed and copied;
-3. resolve which wheels the box needs (controller.wheels: Requires-Dist with markers judged for the
+3. resolve which wheels the box needs (controller.install.wheels: Requires-Dist with markers judged for the
            box, plus py-spy, optional: the sidecar dumps a hung job's stacks with it) from
            --wheelhouse DIRs and the cache <state>/wheelhouse; pip fetches the missing ones HERE
            into that cache for the box's Python version and platform (needs an index here, not
@@ -41,14 +41,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import profiles
 from protocol import PACKAGE_VERSION
 
-from controller import build, paths
+from controller import paths
 from controller.box import probe as boxprobe
 from controller.box.ssh import LocalShell, Shell, Ssh, ssh_config_file
-from controller.output import last_json_object
-from controller.render import printable
-from controller.store.db import HostNotFound, Store
-from controller.verify_identity import hash_file
-from controller.wheels import (
+from controller.install import build
+from controller.install.wheels import (
     Requirement,
     Resolution,
     Specifier,
@@ -58,6 +55,10 @@ from controller.wheels import (
     best,
     resolve,
 )
+from controller.output import last_json_object
+from controller.render import printable
+from controller.store.db import HostNotFound, Store
+from controller.verify_identity import hash_file
 
 LOCAL = "local"
 DEFAULT_VENV = "~/.rgt/venv"
