@@ -89,7 +89,7 @@ class BoxRig:
 
     def __exit__(self, kind: Optional[Type[BaseException]], exc: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
-        from controller import watcher
+        from controller.follow import watcher
 
         try:
             for run, run_dir in self.runs:

@@ -171,8 +171,9 @@ def _thread_rates(pid: Optional[int], before: Dict[int, Tuple[str, int, int]],
 
 
 def controller_groups(rig: BoxRig, hosts: Sequence[str], watch_all: Optional[int]) -> Groups:
-    from controller import paths, watcher
+    from controller import paths
     from controller.box.ssh import Ssh
+    from controller.follow import watcher
 
     os.environ["RGT_HOME"] = str(rig.home)
     config = Path(rig.env["RGT_SSH_CONFIG"])

@@ -93,7 +93,7 @@ class Rig:
         for run in self.runs:
             self.call("stop", run, "--grace", "5s", check=False, timeout_s=60)
         os.environ["RGT_HOME"] = self.env["RGT_HOME"]
-        from controller import watcher
+        from controller.follow import watcher
 
         for run in self.runs:
             watcher.stop_watcher(run)

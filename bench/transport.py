@@ -28,8 +28,8 @@ from typing import Dict, List, Sequence
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from controller.follow.subscriber import Subscriber  # noqa: E402
 from controller.store.db import Store  # noqa: E402
-from controller.subscriber import Subscriber  # noqa: E402
 from protocol import Event  # noqa: E402
 from protocol.endpoints import Endpoints  # noqa: E402
 

@@ -167,7 +167,7 @@ class Rig:
         """The laptop side of the link goes: end each run's background watcher (by the pid its lock
         names); the next `rgt watch` starts it again."""
         os.environ["RGT_HOME"] = self.env["RGT_HOME"]
-        from controller import watcher
+        from controller.follow import watcher
 
         for run in runs:
             watcher.stop_watcher(run)
@@ -279,7 +279,7 @@ def memory_cgroup() -> Optional[Path]:
 def end_runs(rig: Rig, runs: List[Dict[str, Any]]) -> None:
     """Every run's job, supervisor and sidecar, and every background watcher, ended by pid."""
     os.environ["RGT_HOME"] = rig.env["RGT_HOME"]
-    from controller import watcher
+    from controller.follow import watcher
     from onbox.runs import ProcRef, end_process, read_json, run_status, stop_run, wait_for
 
     for answer in runs:

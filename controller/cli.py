@@ -153,9 +153,9 @@ def attach_command(run_dir: Path, as_json: bool, until_exit: bool, timeout_s: Op
     Every event lands in the store exactly once and in order, also after this
     command or the sidecar was killed and restarted; events print as they land.
     """
-    from controller.attach import AttachError, attach
+    from controller.follow.attach import AttachError, attach
+    from controller.follow.subscriber import SubscriberError
     from controller.store.db import Store
-    from controller.subscriber import SubscriberError
 
     line = render.json_line if as_json else render.table_row
     if not quiet and not as_json:

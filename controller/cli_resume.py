@@ -134,7 +134,7 @@ def resume_command(run: str, host: str, checkpoint: Optional[str], run_id: Optio
         except (resume.ResumeError, SshError) as e:
             raise CliError(e.message, e.hint) from e
         if not no_watch:
-            from controller.watcher import ensure_watcher
+            from controller.follow.watcher import ensure_watcher
 
             answer["watcher_pid"] = ensure_watcher(store, str(answer["run_id"]), launched=True)
     _done(plan, answer, as_json)

@@ -193,7 +193,7 @@ def launch_command(host: str, command: Sequence[str], profile: Optional[str], ru
         _notice(store, profile or str(record.get("profile") or ""))
         watcher_pid = None
         if not no_watch:
-            from controller.watcher import ensure_watcher
+            from controller.follow.watcher import ensure_watcher
 
             watcher_pid = ensure_watcher(store, str(answer["run_id"]), launched=True)
     answer["watcher_pid"] = watcher_pid
@@ -238,7 +238,7 @@ def _group_state(nodes: Sequence[Dict[str, Any]]) -> str:
 def _run_rows(store: Store, only: Optional[str]) -> List[Dict[str, Any]]:
     """One row per run, newest first; a multi-node group's row followed by its node streams'."""
     from controller import groups
-    from controller.watcher import running_pid
+    from controller.follow.watcher import running_pid
 
     infos = store.runs()
     chosen = store.resolve_run(only) if only else None

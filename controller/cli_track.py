@@ -79,7 +79,7 @@ def track(store: Store, host: str, run: str, *, root: Optional[str] = None,
     if plain and len(streams) > 1:
         raise CliError(f"{run} on {host} is both a run and a multi-node run's node streams",
                        hint="track one node stream by its id (RUN.NODE)")
-    from controller.watcher import ensure_watcher
+    from controller.follow.watcher import ensure_watcher
 
     before = {str(r["run"]) for r in store.runs()}
     if not plain:

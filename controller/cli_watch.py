@@ -71,7 +71,7 @@ def needs_watcher(store: Store, run: str) -> bool:
 
 def _watcher_starter(store: Store) -> Callable[[str], Any]:
     """ensure_watcher bound to this store: a run's watcher is (re)started whenever it is watched."""
-    from controller.watcher import ensure_watcher
+    from controller.follow.watcher import ensure_watcher
 
     return lambda run: ensure_watcher(store, run)
 

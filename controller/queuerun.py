@@ -152,7 +152,7 @@ def watch_run(store: Store, run: str, since_seq: int) -> Optional[int]:
     A run resumed in place has its earlier attempt's exit and stop stored and the new attempt's
     events are stored by the very watcher started here: `launched` says so, until this attempt's
     own exit and stop are stored (a stop alone ends nothing: the job may live on)."""
-    from controller import watcher
+    from controller.follow import watcher
 
     start = q.attempt_start(store, run, since_seq) if since_seq > 0 else None
     ended = start is not None and all(store.events(run, since=start, kind_prefix=kind, limit=1)
@@ -163,7 +163,7 @@ def watch_run(store: Store, run: str, since_seq: int) -> Optional[int]:
 def stop_old_watcher(run: str) -> None:
     """Before a run is resumed in place: its earlier attempt's watcher ends on that attempt's
     exit and stop, so it must not be the one left to follow the new attempt."""
-    from controller import watcher
+    from controller.follow import watcher
 
     watcher.stop_watcher(run)
 

@@ -14,9 +14,9 @@ from click.testing import CliRunner, Result
 
 from controller import cli_runs, cli_track, cli_watch, groups, wake
 from controller import watch as watch_mod
+from controller.follow.watcher import Watcher
 from controller.store.db import LocalEvent, Store
 from controller.watch import live_runs, watch
-from controller.watcher import Watcher
 from protocol import Event
 
 RUN = "train-81234"

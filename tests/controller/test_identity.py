@@ -18,16 +18,17 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
-from controller import cli, paths, queuerun, watcher
+from controller import cli, paths, queuerun
 from controller import queue as q
 from controller.box import jobs as boxes
 from controller.box.jobs import BoxError
 from controller.box.trust import Untrusted
+from controller.follow import watcher
+from controller.follow.subscriber import Subscriber, SubscriberRefused
+from controller.follow.watcher import LocalLink, SshLink, Watcher, WatchRefused, _finished
 from controller.pull import PullError, destination
 from controller.pullstage import Entry, check_entries, prepare
 from controller.store.db import Store
-from controller.subscriber import Subscriber, SubscriberRefused
-from controller.watcher import LocalLink, SshLink, Watcher, WatchRefused, _finished
 from onbox.sidecar import Sidecar, SidecarConfig
 from protocol import PACKAGE_VERSION, PROTOCOL_VERSION, Event, HelloReply, SinceReply
 from protocol.codec import decode_request, encode_event, encode_reply
@@ -262,7 +263,7 @@ def test_ensure_watcher_refuses_a_stored_bad_run_readably(store: Store) -> None:
 
 
 def test_python_m_controller_watcher_refuses_a_bad_run(home: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "controller.watcher", "../../x"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "controller.follow.watcher", "../../x"], capture_output=True,
                           text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 2 and "refused: run id '../../x' is not a run id" in done.stderr, done.stderr
     assert not (home / "watchers").exists() or not list((home / "watchers").iterdir())

@@ -13,7 +13,6 @@ from typing import Iterator, List
 import psutil
 import pytest
 
-from controller.backoff import Backoff
 from controller.box.ssh import (
     SOCKET_PATH_MAX,
     AuthFailed,
@@ -27,6 +26,7 @@ from controller.box.ssh import (
     short_socket_path,
     ssh_config_file,
 )
+from controller.follow.backoff import Backoff
 from tests.helpers import wait_until
 from tests.sshbox import SshBox, free_port, keygen, sshbox  # noqa: F401 (fixture)
 

@@ -7,8 +7,8 @@ from typing import Iterator, List, Sequence
 
 import pytest
 
+from controller.follow.subscriber import Subscriber
 from controller.store.db import Store
-from controller.subscriber import Subscriber
 from onbox.journal import read_all
 from onbox.sidecar import Sidecar, SidecarConfig
 from protocol import Event

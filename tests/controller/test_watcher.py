@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from controller.follow.watcher import _finished, process_alive
 from controller.store.db import Store
-from controller.watcher import _finished, process_alive
 from protocol import Event
 from tests.helpers import wait_until
 

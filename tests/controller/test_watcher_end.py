@@ -1,6 +1,6 @@
 """Watchers end when their run has ended and its last events are stored; a link's outage is its
 real length. Real sidecars (in this process, as tests/controller/test_identity.py runs them), the
-real watcher loop on a thread, and a real `python -m controller.watcher` process."""
+real watcher loop on a thread, and a real `python -m controller.follow.watcher` process."""
 from __future__ import annotations
 
 import math
@@ -12,11 +12,11 @@ from typing import Iterator, List
 
 import pytest
 
-from controller import watcher
 from controller.box.ssh import SshError
+from controller.follow import watcher
+from controller.follow.subscriber import Subscriber
+from controller.follow.watcher import LocalLink, Watcher, ensure_watcher, outage_s, running_pid
 from controller.store.db import Store
-from controller.subscriber import Subscriber
-from controller.watcher import LocalLink, Watcher, ensure_watcher, outage_s, running_pid
 from onbox.sidecar import Sidecar, SidecarConfig
 from protocol.endpoints import Endpoints
 from tests.helpers import wait_until
@@ -269,7 +269,7 @@ def test_link_restored_down_s_is_the_outage_length(
     sidecars.append(box)
     box.sidecar.emit("job.started", {"pid": 1})
     link = FlakyLink(str(run_dir))
-    from controller.backoff import Backoff
+    from controller.follow.backoff import Backoff
     serving = Serving(Watcher(RUN, link, backoff=Backoff(base_s=0.05, cap_s=0.1)), store.path)
     try:
         wait_until(lambda: "job.started" in kinds(store), 20, "the job's start stored")

@@ -179,7 +179,7 @@ def runs_by_id(rgt: Rgt) -> Dict[str, Dict[str, Any]]:
 
 def stop_all_watchers(rgt: Rgt) -> None:
     """End the background watcher of every run the store knows (resumed runs included), by pid."""
-    from controller.watcher import running_pid, stop_watcher
+    from controller.follow.watcher import running_pid, stop_watcher
 
     with Store.open() as store:
         runs = [str(r["run"]) for r in store.runs()]

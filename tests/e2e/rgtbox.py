@@ -17,8 +17,8 @@ import pytest
 
 from controller import paths
 from controller.box.ssh import Ssh
+from controller.follow.watcher import running_pid, stop_watcher
 from controller.store.db import Store
-from controller.watcher import running_pid, stop_watcher
 from onbox.runs import ProcRef, end_process, read_json, run_status, stop_run, wait_for
 from tests.helpers import REPO, rgt_cmd
 from tests.sshbox import SshBox

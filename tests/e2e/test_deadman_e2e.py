@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from controller.watcher import stop_watcher
+from controller.follow.watcher import stop_watcher
 from onbox import deadman, deadmand
 from onbox.runs import wait_for
 from tests.e2e.rgtbox import ONBOX, TEST_ONBOX_ARGS, TRAIN, Rgt

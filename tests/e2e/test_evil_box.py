@@ -41,7 +41,7 @@ def evil(rgt_box: Rgt) -> Iterator[EvilBox]:
 def stop_watchers(rgt: Rgt) -> None:
     """End the watcher of every run this test's store knows (these runs are launched by hand, not
     through Rgt.launch), by the pid its lock file names."""
-    from controller.watcher import running_pid, stop_watcher
+    from controller.follow.watcher import running_pid, stop_watcher
     from onbox.runs import wait_for
     with rgt.store() as store:
         runs = [str(r["run"]) for r in store.runs()]
@@ -225,14 +225,14 @@ def follow(rgt: Rgt, evil: EvilBox, sidecar: Dict[str, Any]) -> str:
 
 
 def watcher_pid(run: str) -> int:
-    from controller.watcher import running_pid
+    from controller.follow.watcher import running_pid
     pid = running_pid(run)
     assert pid is not None
     return pid
 
 
 def test_a_hello_for_another_run_is_refused_and_that_run_is_untouched(rgt_box: Rgt, evil: EvilBox) -> None:
-    from controller.watcher import running_pid
+    from controller.follow.watcher import running_pid
     from onbox.runs import wait_for
     with rgt_box.store() as store:
         before = seed_victim(store)

@@ -1,5 +1,5 @@
 """How a run's watcher reaches its sidecar: the run's own sockets (host `local`), or two unix-socket
-forwards on the host's shared SSH ControlMaster. controller.watcher supervises a Link; a broken one
+forwards on the host's shared SSH ControlMaster. controller.follow.watcher supervises a Link; a broken one
 says only that the transport is down, never that the job died.
 """
 from __future__ import annotations

@@ -16,8 +16,8 @@ from typing import Callable, Optional, Sequence
 from protocol import Event, ProtocolError
 from protocol.endpoints import Endpoints
 
+from controller.follow.subscriber import EventsHook, Subscriber
 from controller.store.db import Store
-from controller.subscriber import EventsHook, Subscriber
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ The run id names the watcher's files and the tunnel sockets, so it is checked (c
 before any path is made of it, and the subscriber refuses a sidecar that answers for another run or
 host.
 
-    python -m controller.watcher RUN     (what ensure_watcher starts; logs to watchers/RUN.log)
+    python -m controller.follow.watcher RUN     (what ensure_watcher starts; logs to watchers/RUN.log)
 """
 from __future__ import annotations
 
@@ -48,12 +48,12 @@ from protocol import Event
 from protocol.endpoints import Endpoints
 
 from controller import groups, life, paths, pidlock
-from controller.backoff import Backoff
 from controller.box import trust as boxtrust
 from controller.box.ssh import SshError
+from controller.follow.backoff import Backoff
+from controller.follow.link import LOCAL, Link, LocalLink, SshLink, make_link, process_alive
+from controller.follow.subscriber import Subscriber, SubscriberError
 from controller.store.db import Store, StoreError
-from controller.subscriber import Subscriber, SubscriberError
-from controller.watchlink import LOCAL, Link, LocalLink, SshLink, make_link, process_alive
 
 __all__ = ["LOCAL", "Link", "LocalLink", "SshLink", "WatchRefused", "Watcher", "WatcherFiles",
            "ensure_watcher", "files", "make_link", "outage_s", "process_alive", "running_pid",
@@ -181,7 +181,7 @@ def ensure_watcher(store: Store, run: str, wait_s: float = 5.0, launched: bool =
     pid = running_pid(run_id)
     if pid:
         return pid
-    return pidlock.start("controller.watcher", run_id, f.lock, f.pid, f.log, wait_s)
+    return pidlock.start("controller.follow.watcher", run_id, f.lock, f.pid, f.log, wait_s)
 
 
 def stop_watcher(run: str, timeout_s: float = 10.0) -> bool:
@@ -458,13 +458,13 @@ class Watcher:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m controller.watcher RUN", file=sys.stderr)
+        print("usage: python -m controller.follow.watcher RUN", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         f = files(args[0])
     except boxtrust.Untrusted as e:
-        print(f"controller.watcher: refused: {e}", file=sys.stderr)
+        print(f"controller.follow.watcher: refused: {e}", file=sys.stderr)
         return 2
     fd = os.open(f.lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
