@@ -18,7 +18,7 @@ from controller import render, resume
 from controller.box.ssh import SshError
 from controller.clibase import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, emit_json
 from controller.store.db import Store
-from controller.wake import number, size
+from controller.wake.policy import number, size
 
 
 def _plan_rows(plan: resume.Plan) -> List[Tuple[str, str]]:

@@ -1,6 +1,6 @@
 """`rgt watch`, `rgt status`, `rgt plot` and `rgt policy`: the commands that tell what a run does.
 
-Thin commands over controller.watch, .status, .plot and .wake. They are not
+Thin commands over controller.wake.watch, .status, .plot and .wake. They are not
 attached to the `rgt` group here; controller/cli.py adds them. `rgt watch`
 prints exactly one JSON line on stdout whatever its exit code (usage errors it
 detects itself included), always with exit, run, event, explain, next and entry,
@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 import click
 import protocol
 
-from controller import groups, life, paths, status_group, wake
+from controller import groups, life, paths, status_group
 from controller import status as status_mod
 from controller.catalog import CatalogError
 from controller.clibase import CliError, RgtCommand, emit_json, sigterm_as_interrupt
@@ -34,8 +34,9 @@ from controller.explain import entry_for_event
 from controller.plot import PlotError, plot
 from controller.render import printable
 from controller.store.db import AmbiguousRun, RunNotFound, Store, StoreError
-from controller.watch import WatchResult, watch
-from controller.watch_ends import again_command
+from controller.wake import policy as wake
+from controller.wake.ends import again_command
+from controller.wake.watch import WatchResult, watch
 
 log = logging.getLogger(__name__)
 

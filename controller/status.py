@@ -17,10 +17,11 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import protocol
 from protocol.metrics import is_metric_name
 
-from controller import life, metricref, wake
+from controller import life, metricref
 from controller.render import local_time, printable
 from controller.store.db import LocalEvent, Store
-from controller.wake import AnyEvent, number, seconds, size
+from controller.wake import policy as wake
+from controller.wake.policy import AnyEvent, number, seconds, size
 
 PAGE = 5000
 RECENT = 5  # recent problems listed

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from controller import groups, life, status
 from controller.render import local_time, printable
 from controller.store.db import LocalEvent, Store
-from controller.wake import number, seconds
+from controller.wake.policy import number, seconds
 
 RECENT = 3          # group events listed
 BAD = (life.FAILED, life.PREEMPTED, life.VANISHED)   # node lives that make a failed rank

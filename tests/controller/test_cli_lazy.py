@@ -29,4 +29,4 @@ def test_rgt_explain_does_not_import_install_pull_or_rehearse() -> None:
     loaded = set(ast.literal_eval(out))  # a list printed by the child
     assert "controller.cli_explain" in loaded
     assert not loaded & {"controller.install.onbox", "controller.pull", "controller.rehearse",
-                         "controller.watch"}
+                         "controller.wake.watch"}

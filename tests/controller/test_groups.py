@@ -12,11 +12,12 @@ from typing import Any, Iterator, List, Optional
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli_runs, cli_track, cli_watch, groups, wake
-from controller import watch as watch_mod
+from controller import cli_runs, cli_track, cli_watch, groups
 from controller.follow.watcher import Watcher
 from controller.store.db import LocalEvent, Store
-from controller.watch import live_runs, watch
+from controller.wake import policy as wake
+from controller.wake import watch as watch_mod
+from controller.wake.watch import live_runs, watch
 from protocol import Event
 
 RUN = "train-81234"

@@ -1,4 +1,4 @@
-"""controller.wake: what is material, the policy and its layers, and what a wake says."""
+"""controller.wake.policy: what is material, the policy and its layers, and what a wake says."""
 from __future__ import annotations
 
 import json
@@ -7,9 +7,10 @@ from typing import Any, Dict
 
 import pytest
 
-from controller import wake, wake_text
 from controller.store.db import LocalEvent
-from controller.wake import Policy, classify, judge
+from controller.wake import policy as wake
+from controller.wake import text as wake_text
+from controller.wake.policy import Policy, classify, judge
 from protocol import Event
 
 RUN = "train-7f3a"

@@ -1,4 +1,4 @@
-"""controller.wake: wake keys are conditions, not events (pure logic, no store).
+"""controller.wake.policy: wake keys are conditions, not events (pure logic, no store).
 
 A condition that woke wakes again only when it re-opens after a clear or escalates; one made
 moot by a later, graver event never wakes; the dead-man's warnings are keyed by their lease;
@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller import life, wake
+from controller import life
 from controller.store.db import LocalEvent
-from controller.wake import Context, Policy, judge
+from controller.wake import policy as wake
+from controller.wake.policy import Context, Policy, judge
 from protocol import Event
 
 RUN = "train-7f3a"

@@ -1,4 +1,4 @@
-"""controller.watch and `rgt watch`: every exit code, against a real store file."""
+"""controller.wake.watch and `rgt watch`: every exit code, against a real store file."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 from controller import cli_watch
 from controller.clibase import RgtGroup
 from controller.store.db import Store
-from controller.watch import WatchResult, live_runs, watch
+from controller.wake.watch import WatchResult, live_runs, watch
 from protocol import Event
 
 RUN = "train-7f3a"

@@ -19,7 +19,7 @@ from click.testing import CliRunner, Result
 from controller import cli_watch, life, queue
 from controller.clibase import RgtGroup
 from controller.store.db import Store
-from controller.watch import WatchResult, watch
+from controller.wake.watch import WatchResult, watch
 from protocol import Event
 
 RUN = "train-7f3a"

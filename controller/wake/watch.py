@@ -1,6 +1,6 @@
 """`rgt watch`: wait until something material happens to a run, then end with a code, the wake contract.
 
-    10  a material event (controller.wake decides which); the record explains it.
+    10  a material event (controller.wake.policy decides which); the record explains it.
         Also at once for a run that had already ended badly (already_reported says
         whether a watch told it before): 0 never stands for a failed run.
      0  every watched run ended well: finished cleanly, or stopped by request
@@ -19,7 +19,7 @@ and the watch goes on; it ends 0 only when every run it covers has ended, queue 
 have not launched yet (all_runs) included.
 
 It always ends, and an event that ended one watch never ends the next:
-Store.mark_woken records each wake, and controller.wake keys conditions, not events (a
+Store.mark_woken records each wake, and controller.wake.policy keys conditions, not events (a
 condition still open, or made moot by a graver event, is recorded as absorbed). Without
 from_now every stored event of the run that has not woken anyone yet is judged first, so an
 agent that starts watching late still learns of a NaN. Events may land out of seq order (gap
@@ -41,12 +41,11 @@ import logging
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set
 
-from controller import groups, status_group, wake
+from controller import groups, status_group
 from controller import status as status_mod
 from controller.store.db import LocalEvent, Store
-from controller.wake import AnyEvent, Policy
-from controller.wake_text import cut
-from controller.watch_ends import (
+from controller.wake import policy as wake
+from controller.wake.ends import (
     Ended,
     again_command,
     ended_record,
@@ -55,6 +54,8 @@ from controller.watch_ends import (
     link_record,
     waiting_cells,
 )
+from controller.wake.policy import AnyEvent, Policy
+from controller.wake.text import cut
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""How an `rgt watch` ends when runs end, apart from the loop (controller.watch).
+"""How an `rgt watch` ends when runs end, apart from the loop (controller.wake.watch).
 
 The life a job exit gives its run as the watch judges it (controller.life, with the run's stop
 request), the record of runs that ended (exit 0 only when every one ended well, with `ended`:
@@ -12,11 +12,12 @@ import dataclasses
 import shlex
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from controller import life, queue, wake
+from controller import life, queue
 from controller.render import printable
 from controller.store.db import LocalEvent, Store
-from controller.wake import AnyEvent, seconds
-from controller.wake_text import cut, quoted
+from controller.wake import policy as wake
+from controller.wake.policy import AnyEvent, seconds
+from controller.wake.text import cut, quoted
 
 
 @dataclasses.dataclass(frozen=True)

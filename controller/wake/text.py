@@ -1,6 +1,6 @@
 """What a wake says: one printable line about an event, and the command to run next.
 
-Split from controller.wake (which re-exports all of it) so the policy and the judgement stay
+Split from controller.wake.policy (which re-exports all of it) so the policy and the judgement stay
 short. Box data is printed through render.printable and cut to one line: a hostile path or
 error text can neither move the cursor nor add lines. Every `next` is one line a shell can
 run as it is: run ids and host names are shlex-quoted, and two steps are joined by `&&`.

@@ -1,6 +1,6 @@
 """The wake policy: which stored event should end an `rgt watch`, and what to say about it.
 
-Pure functions, no I/O: the watch loop (controller.watch) reads the store and
+Pure functions, no I/O: the watch loop (controller.wake.watch) reads the store and
 hands each event here with the run's merged policy, the time, and the keys
 that already woke someone (Store.woken()).
 
@@ -20,7 +20,7 @@ critical, an OOM kill). One made moot by a later, graver event never wakes
 a later pass, an onset by its escalation, a dead-man warning by the firing). The
 dead-man's warnings are keyed by the lease they warn about, not by the renewal
 each late renewal moves. A job exit is judged by controller.life (a stop by
-request is not a failure). What a wake says is in controller.wake_text.
+request is not a failure). What a wake says is in controller.wake.text.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import protocol
 
 from controller.life import Life
 from controller.store.db import LocalEvent
-from controller.wake_text import (
+from controller.wake.text import (
     EXPLAIN_MAX,
     AnyEvent,
     explain,
