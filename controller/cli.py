@@ -113,7 +113,7 @@ def events_command(run: str, as_json: bool, follow: bool, kind_prefix: Optional[
     in one stream; the SOURCE column (the "source" field with --json) says which: "box" or
     "controller". A controller event has no seq ("-"; null and its "id" with --json).
     """
-    from controller import eventlog
+    from controller.runs import eventlog
     from controller.store.db import Store
 
     line = eventlog.json_line if as_json else eventlog.table_row

@@ -25,7 +25,7 @@ _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 def _notice(store: Store, profile: str) -> None:
     """The platform's surface-to-the-user facts, the first time rgt meets it (stderr)."""
-    from controller.notices import first_contact
+    from controller.runs.notices import first_contact
 
     text = first_contact(store, profile) if profile else None
     if text:
@@ -218,7 +218,7 @@ def _age(ts: Optional[float]) -> str:
 def _group_state(nodes: Sequence[Dict[str, Any]]) -> str:
     """A multi-node run's state from its nodes' lives, cheaply (`rgt status RUN` says more): a node
     stopped by request, or one that ended after a stop was asked for another, is no failed rank."""
-    from controller.status_group import bad_nodes
+    from controller.runs.group_status import bad_nodes
 
     if not nodes:
         return "launched"
@@ -237,8 +237,8 @@ def _group_state(nodes: Sequence[Dict[str, Any]]) -> str:
 
 def _run_rows(store: Store, only: Optional[str]) -> List[Dict[str, Any]]:
     """One row per run, newest first; a multi-node group's row followed by its node streams'."""
-    from controller import groups
     from controller.follow.watcher import running_pid
+    from controller.runs import groups
 
     infos = store.runs()
     chosen = store.resolve_run(only) if only else None

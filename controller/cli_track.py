@@ -4,7 +4,7 @@ sbatch, a Kubernetes pod or SkyPilot starts the job through `rgt-onbox launch` o
 never saw it launch. `rgt track` asks the box which runs it holds (`rgt-onbox ps --run RUN`),
 records them in the store with the host and directory, and starts a watcher for each. A plain
 run is one stream; a multi-node run (`--node`, onbox/nodes.py) is one stream per node, RUN.NODE,
-tied to a row for the group itself (controller.groups). Tracking again picks up the nodes that
+tied to a row for the group itself (controller.runs.groups). Tracking again picks up the nodes that
 appeared since and leaves the rest as they are.
 """
 from __future__ import annotations
@@ -14,11 +14,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import click
 
-from controller import groups, render
+from controller import render
 from controller.box.ssh import SshError
 from controller.clibase import JSON_OPTION, CliError, RgtCommand, emit_json
 from controller.install import onbox as install
 from controller.output import error_tail
+from controller.runs import groups
 from controller.store.db import Store
 
 

@@ -25,14 +25,16 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 import click
 import protocol
 
-from controller import groups, life, paths, status_group
-from controller import status as status_mod
+from controller import paths
 from controller.catalog import CatalogError
 from controller.clibase import CliError, RgtCommand, emit_json, sigterm_as_interrupt
 from controller.errors import StoreCorrupt
 from controller.explain import entry_for_event
-from controller.plot import PlotError, plot
 from controller.render import printable
+from controller.runs import group_status as status_group
+from controller.runs import groups, life
+from controller.runs import status as status_mod
+from controller.runs.plot import PlotError, plot
 from controller.store.db import AmbiguousRun, RunNotFound, Store, StoreError
 from controller.wake import policy as wake
 from controller.wake.ends import again_command

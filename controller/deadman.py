@@ -20,11 +20,12 @@ import json
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
-from controller import life, teardown
+from controller import teardown
 from controller.box.ssh import SshError
 from controller.install import onbox as install
 from controller.output import error_tail
 from controller.render import printable
+from controller.runs import life
 from controller.store.db import Store
 
 CALL_TIMEOUT_S = 120

@@ -12,7 +12,7 @@ trace its successor can pick up. Every change is a compare-and-set on (state, at
 inside one IMMEDIATE transaction: `rgt queue status` and the dispatcher may both judge a
 running cell, and only one of them moves it.
 
-How an attempt ended is the run's life (controller.life.exit_life, the story `rgt watch` and
+How an attempt ended is the run's life (controller.runs.life.exit_life, the story `rgt watch` and
 `rgt status` tell), read from the events the run's watcher stored (classify), never from log
 lines. Only some classes may be retried, and only up to the queue's max_attempts:
 
@@ -39,9 +39,10 @@ import shlex
 import sqlite3
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from controller import life, paths
+from controller import paths
 from controller.box import trust as boxtrust
 from controller.errors import StoreCorrupt, recovery_hint
+from controller.runs import life
 from controller.store.db import LocalEvent, Store, StoreError
 
 PENDING, LAUNCHING, RUNNING, RETRYING = "pending", "launching", "running", "retrying"
@@ -428,7 +429,7 @@ def attempt_start(store: Store, run: str, since_seq: int) -> Optional[int]:
 
 def _exit_outcome(data: Mapping[str, Any], seq: int, preempted: bool, nonfinite: bool,
                   stopped_by: Optional[str] = None) -> Outcome:
-    """The attempt's class from its life (controller.life.exit_life: the one story of an exit)."""
+    """The attempt's class from its life (controller.runs.life.exit_life: the one story of an exit)."""
     ended = life.exit_life(data, stopped_by=stopped_by, preempted=preempted, nonfinite=nonfinite)
     return Outcome(ended.outcome, "" if ended.outcome == "ok" else ended.reason, seq)
 

@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from protocol.pull import is_temporary
 
-from controller import life
+from controller.runs import life
 from controller.verify_identity import HashResult
 from controller.verify_load import LoadResult
 

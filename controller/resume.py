@@ -66,7 +66,7 @@ from controller.resume_command import (
     run_doc,
     watch,
 )
-from controller.status import all_events, nonfinite_checkpoints
+from controller.runs.status import all_events, nonfinite_checkpoints
 from controller.store.db import Store
 
 LAUNCH_TIMEOUT_S = 1800  # the launcher hashes (and may copy) the checkpoint before it answers

@@ -6,7 +6,7 @@
 Nothing is destroyed before a verified pull: the gate is OPEN only when every rule holds; the first that
 fails names the reason:
 
-0. the job has ended (controller.life): a job that still runs may write a checkpoint a second after
+0. the job has ended (controller.runs.life): a job that still runs may write a checkpoint a second after
    the pull, so the plan says to stop it first (`rgt stop RUN`)                 (job_running)
 1. a pulled dir is known: `--from DIR`, else the dir of the run's newest pull.done or verify.done
    event                                                                        (not_verified)
@@ -57,10 +57,10 @@ import profiles
 from protocol import ProtocolError
 from protocol.pull import check_manifest
 
-from controller import life
 from controller.box.ssh import SshError
 from controller.install import onbox as install
 from controller.pullstage import MANIFEST_REL, VERIFIED_REL
+from controller.runs import life
 from controller.store.db import Store
 from controller.verify_identity import hash_file, pin_of
 

@@ -16,13 +16,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from protocol.ids import new_run_id
 
-from controller import life, status
 from controller.box import codesync
 from controller.box import trust as boxtrust
 from controller.box.ssh import LocalShell, Ssh, SshError
 from controller.install import onbox as install
 from controller.install.onbox import LOCAL, InstallError, check_version, host_record, onbox_command
 from controller.output import error_tail, last_json_object
+from controller.runs import life, status
 from controller.store.db import AmbiguousRun, RunNotFound, Store
 
 Shell = Union[Ssh, LocalShell]
@@ -239,7 +239,7 @@ def stop(store: Store, run: str, grace: str = "30s", by: str = "rgt stop") -> Di
 
 def run_state(store: Store, run: str, now: float) -> Dict[str, Any]:
     """What the store knows of a run's life, cheaply (for `rgt runs`): its life state (launched,
-    running, finished, stopped, failed, preempted, vanished, lost: controller.life, the same story
+    running, finished, stopped, failed, preempted, vanished, lost: controller.runs.life, the same story
     `rgt watch` and `rgt status` tell), the last event's time and the link state of `rgt status`."""
     now_life = life.of_run(store, run)
     last = store.events(run, since=max(0, store.cursor(run) - 1))

@@ -14,13 +14,13 @@ was published meanwhile, so nothing is lost or stored twice. A broken link
 says only that the transport is down: the events say so, never that the job
 died. When the link is up but no event arrives for three heartbeat intervals,
 `sidecar.silent` is recorded. A node stream of a multi-node run also checks its group's
-verdicts (controller.groups) after each job event it stores, and every GROUP_RECHECK_S.
+verdicts (controller.runs.groups) after each job event it stores, and every GROUP_RECHECK_S.
 
 A run is over when its job's exit is stored: `sidecar.stopping` alone ends nothing (a supervisor
 restarts a stopped sidecar while the job trains on). Once the exit is stored the watcher drains what
 follows it (custody's last checkpoint, the sidecar's stop) and ends: at once on the sidecar's stop,
 else after EXIT_SETTLE_S with nothing new, and at the latest EXIT_SETTLE_MAX_S after the exit. A
-watcher started for a run that had ended already (controller.life) only fetches what the store lacks
+watcher started for a run that had ended already (controller.runs.life) only fetches what the store lacks
 and ends, within CATCH_UP_S even when the box cannot be reached; `rgt launch` of a new attempt under
 the same run id leaves a marker (watchers/RUN.launched) so that its watcher waits for that attempt.
 The run id names the watcher's files and the tunnel sockets, so it is checked (controller.box.trust)
@@ -47,12 +47,13 @@ from typing import Callable, Dict, Optional, Sequence
 from protocol import Event
 from protocol.endpoints import Endpoints
 
-from controller import groups, life, paths, pidlock
+from controller import paths, pidlock
 from controller.box import trust as boxtrust
 from controller.box.ssh import SshError
 from controller.follow.backoff import Backoff
 from controller.follow.link import LOCAL, Link, LocalLink, SshLink, make_link, process_alive
 from controller.follow.subscriber import Subscriber, SubscriberError
+from controller.runs import groups, life
 from controller.store.db import Store, StoreError
 
 __all__ = ["LOCAL", "Link", "LocalLink", "SshLink", "WatchRefused", "Watcher", "WatcherFiles",
@@ -278,7 +279,7 @@ class Watcher:
             return now - self._last_event >= EXIT_SETTLE_S or now - self._exited_at >= EXIT_SETTLE_MAX_S
 
     def begin(self, store: Store) -> None:
-        """Where the run stands as this watcher starts: a run that had ended (controller.life) is
+        """Where the run stands as this watcher starts: a run that had ended (controller.runs.life) is
         only caught up; a stored exit of this attempt starts the settle. A fresh launch marker
         (a new attempt under this run id) makes both the last attempt's past."""
         self._take_launch_mark()
@@ -422,7 +423,7 @@ class Watcher:
             log.warning("run %s: link lost: %s (%s)", self.run, why, LINK_NOTE)
 
     def _check_group(self, store: Store) -> None:
-        """Multi-node: record the group's verdicts (controller.groups.check) once a job event of
+        """Multi-node: record the group's verdicts (controller.runs.groups.check) once a job event of
         this stream is stored, and every GROUP_RECHECK_S. Its failure never stops the watcher."""
         with self._lock:
             due, self._group_due = self._group_due, False

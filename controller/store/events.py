@@ -1,7 +1,7 @@
 """Reading a run's box events from the store, once or following new ones.
 
 `BoxReader` is what a follower has considered so far; `iter_events` pages through it. The merged
-stream of `rgt events` (box and controller events together) is controller.eventlog.
+stream of `rgt events` (box and controller events together) is controller.runs.eventlog.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How an `rgt watch` ends when runs end, apart from the loop (controller.wake.watch).
 
-The life a job exit gives its run as the watch judges it (controller.life, with the run's stop
+The life a job exit gives its run as the watch judges it (controller.runs.life, with the run's stop
 request), the record of runs that ended (exit 0 only when every one ended well, with `ended`:
 run -> life.to_dict()), the link-down record, the queue cells a --all watch still waits for,
 and the command that watches again. Every record has the contract's keys: exit, run, event,
@@ -12,8 +12,9 @@ import dataclasses
 import shlex
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from controller import life, queue
+from controller import queue
 from controller.render import printable
+from controller.runs import life
 from controller.store.db import LocalEvent, Store
 from controller.wake import policy as wake
 from controller.wake.policy import AnyEvent, seconds
@@ -34,7 +35,7 @@ def again_command(runs: Sequence[str], all_runs: bool) -> str:
 
 
 def exit_life(store: Store, run: str, ev: AnyEvent) -> life.Life:
-    """How this job.exited ends its attempt: controller.life.exit_life with the laptop's stop
+    """How this job.exited ends its attempt: controller.runs.life.exit_life with the laptop's stop
     request since the attempt's job.started, and the job.preempted / train.nonfinite onset of
     the attempt before it (the same inputs as life.of_run, for this exit rather than the newest)."""
     if isinstance(ev, LocalEvent):

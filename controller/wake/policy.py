@@ -19,7 +19,7 @@ critical, an OOM kill). One made moot by a later, graver event never wakes
 (superseded: memory pressure by the OOM kill it led to, a failed `rgt verify` by
 a later pass, an onset by its escalation, a dead-man warning by the firing). The
 dead-man's warnings are keyed by the lease they warn about, not by the renewal
-each late renewal moves. A job exit is judged by controller.life (a stop by
+each late renewal moves. A job exit is judged by controller.runs.life (a stop by
 request is not a failure). What a wake says is in controller.wake.text.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import protocol
 
-from controller.life import Life
+from controller.runs.life import Life
 from controller.store.db import LocalEvent
 from controller.wake.text import (
     EXPLAIN_MAX,
@@ -361,7 +361,7 @@ def superseded(event: AnyEvent, others: Sequence[AnyEvent],
     events: of the same lease), oldest first, before and after it. What supersedes:
       an onset        an escalation of the same condition after it, with no clear between
       memory pressure the OOM kill it led to (a job.exited with oom_killed of the attempt)
-      a non-finite loss  the exit of its attempt after it (controller.life fails that exit
+      a non-finite loss  the exit of its attempt after it (controller.runs.life fails that exit
                       for it, and its wake tells the loss as its cause)
       a failed `rgt verify` (verify.done, ok false)   a later one that passed
       a dead-man warning  the dead-man firing after it (the expiry wakes on its own)
@@ -421,7 +421,7 @@ def envelope(event: AnyEvent) -> Dict[str, Any]:
 
 def finished_cleanly(event: AnyEvent) -> Optional[bool]:
     """For job.exited: True when code 0 and the sidecar's final verdict is not a failure (the
-    bare exit; controller.life judges it with the run's stop request and what came before)."""
+    bare exit; controller.runs.life judges it with the run's stop request and what came before)."""
     if event.kind != "job.exited":
         return None
     return event.data.get("code") == 0 and event.data.get("final_ok") is not False
@@ -434,7 +434,7 @@ def finished_cleanly(event: AnyEvent) -> Optional[bool]:
 class Context:
     """What the watch read from the store about one event, so that judge stays pure.
 
-    life: for a job.exited, how it ends the run (controller.life.exit_life with the run's stop
+    life: for a job.exited, how it ends the run (controller.runs.life.exit_life with the run's stop
     request). history: the condition's events stored before it (condition_kinds), oldest
     first; None when not read (then a woken condition wakes again once its flap window
     passed). others: events that may supersede it (supersede_kinds). lease: for dead-man

@@ -14,8 +14,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import protocol
 
-from controller import life as life_mod
 from controller.render import printable, summarize
+from controller.runs import life as life_mod
 from controller.store.db import LocalEvent
 
 AnyEvent = Union[protocol.Event, LocalEvent]
@@ -237,7 +237,7 @@ def explain(event: AnyEvent, job_started_at: Optional[float] = None,
             life: Optional[life_mod.Life] = None, cause: Optional[AnyEvent] = None) -> str:
     """One printable line saying what happened (box text escaped, <= EXPLAIN_MAX chars); never raises.
 
-    life: for a job.exited, how it ended the run (controller.life.exit_life): a stop by request,
+    life: for a job.exited, how it ended the run (controller.runs.life.exit_life): a stop by request,
     a SIGTERM nobody asked for and an exit after the training went non-finite (cause: that
     train.nonfinite) are told as such, not as the bare exit code."""
     d = event.data

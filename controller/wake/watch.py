@@ -10,7 +10,7 @@
         down, which says nothing about the job
 (the command adds 2 usage, 5 store unusable, 1 internal error, 130 interrupted: controller.cli_watch)
 
-How a job exit ends a run is controller.life's verdict: a stop rgt was asked for (the laptop's
+How a job exit ends a run is controller.runs.life's verdict: a stop rgt was asked for (the laptop's
 run.stop_requested, or the box's stop_requested) is "stopped", not a failure, whatever the
 code; a SIGTERM (143) nobody asked for is a preemption. Every record that ends on an exit, or
 on a run found ended, carries `ended`: run -> life.to_dict() for every run the watch covered.
@@ -27,7 +27,7 @@ repair), so the loop remembers which seqs it judged above the run's cursor rathe
 largest one. Waiting is a cheap PRAGMA data_version poll; the events are re-read only when
 another connection committed.
 
-A multi-node run (controller.groups) is watched as its group's row and every node stream. The
+A multi-node run (controller.runs.groups) is watched as its group's row and every node stream. The
 group's verdicts (job.rank_failed, the hung verdict) are recorded by the node streams' watchers;
 the watch checks them too, as it starts, at most every GROUP_CHECK_S while events arrive, and
 when a node's failed exit is about to wake it while other nodes run: it then wakes on the
@@ -41,8 +41,9 @@ import logging
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set
 
-from controller import groups, status_group
-from controller import status as status_mod
+from controller.runs import group_status as status_group
+from controller.runs import groups
+from controller.runs import status as status_mod
 from controller.store.db import LocalEvent, Store
 from controller.wake import policy as wake
 from controller.wake.ends import (

@@ -14,7 +14,8 @@ from typing import IO, Any, Dict, List, Tuple
 
 from click.testing import CliRunner, Result
 
-from controller import cli, eventlog
+from controller import cli
+from controller.runs import eventlog
 from controller.store.db import Store
 from protocol import Event
 from tests.helpers import REPO, wait_until

@@ -1,4 +1,4 @@
-"""Multi-node runs in the controller: the group verdicts (controller.groups) on synthetic node
+"""Multi-node runs in the controller: the group verdicts (controller.runs.groups) on synthetic node
 streams in a real store, and what `rgt watch`, `rgt status`, `rgt runs` and `rgt track` make of them."""
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from typing import Any, Iterator, List, Optional
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli_runs, cli_track, cli_watch, groups
+from controller import cli_runs, cli_track, cli_watch
 from controller.follow.watcher import Watcher
+from controller.runs import groups
 from controller.store.db import LocalEvent, Store
 from controller.wake import policy as wake
 from controller.wake import watch as watch_mod

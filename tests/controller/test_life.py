@@ -1,4 +1,4 @@
-"""controller.life: one run's life from a real store, every state and outcome, and what decides
+"""controller.runs.life: one run's life from a real store, every state and outcome, and what decides
 between them (a stop request, the attempt that counts, an exit against a sidecar's stop)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
-from controller import life
+from controller.runs import life
 from controller.store.db import Store
 from protocol import Event
 

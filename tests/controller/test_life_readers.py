@@ -1,4 +1,4 @@
-"""Every reader of a run's ending tells controller.life's story: `rgt status` (and its history and
+"""Every reader of a run's ending tells controller.runs.life's story: `rgt status` (and its history and
 LINK), `rgt runs`, the queue, the multi-node verdicts, the teardown gate; and `rgt stop` records
 the stop request it makes, so the exit that follows is "stopped by request", never a crash.
 
@@ -15,9 +15,11 @@ from typing import Any, Iterator, List, Optional
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli, groups, life, status, status_group
+from controller import cli
 from controller import queue as q
 from controller.box import jobs as boxes
+from controller.runs import group_status as status_group
+from controller.runs import groups, life, status
 from controller.store.db import Store
 from protocol import Event
 from tests.e2e.rgtbox import Rgt, rgt_local

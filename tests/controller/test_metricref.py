@@ -1,4 +1,4 @@
-"""controller.metricref: `rgt status --ref` compares the SAME step, and every logged point is read."""
+"""controller.runs.metrics: `rgt status --ref` compares the SAME step, and every logged point is read."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from typing import Any, Dict, Iterator, List, Sequence
 
 import pytest
 
-from controller import metricref
+from controller.runs import metrics as metricref
 from controller.store.db import Store
 from protocol import Event
 
@@ -24,7 +24,7 @@ def put(store: Store, run: str, points: Sequence[Dict[str, Any]]) -> None:
 
 
 def now(step: int, **scalars: Any) -> Dict[str, Any]:
-    """`progress` as controller.status builds it for the current run."""
+    """`progress` as controller.runs.status builds it for the current run."""
     return {"step": step, "epoch": step / 1000, "scalars": {k: {"value": v, "data_age_s": 1.0}
                                                             for k, v in scalars.items()}}
 

@@ -7,7 +7,7 @@ from typing import Iterator
 import pytest
 
 import profiles
-from controller.notices import first_contact, topic
+from controller.runs.notices import first_contact, topic
 from controller.store.db import Store
 
 

@@ -1,4 +1,4 @@
-"""controller.plot and `rgt plot`: PNG files from stored train.progress events."""
+"""controller.runs.plot and `rgt plot`: PNG files from stored train.progress events."""
 from __future__ import annotations
 
 import sys
@@ -8,8 +8,9 @@ from typing import Any, Iterator
 import pytest
 from click.testing import CliRunner
 
-from controller import cli_watch, plot
+from controller import cli_watch
 from controller.clibase import RgtGroup
+from controller.runs import plot
 from controller.store.db import Store
 from protocol import Event
 

@@ -9,7 +9,8 @@ from typing import Any, Iterator
 import pytest
 from click.testing import CliRunner
 
-from controller import cli_watch, plot
+from controller import cli_watch
+from controller.runs import plot
 from controller.store.db import Store
 from protocol import Event
 

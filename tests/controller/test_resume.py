@@ -15,9 +15,10 @@ from typing import Any, Dict, List, Optional, Sequence
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli, resume, status
+from controller import cli, resume
 from controller.box.ssh import LocalShell
 from controller.resume import Checkpoint, Finder, Options, ResumeError
+from controller.runs import status
 from controller.store.db import Store
 from protocol import Event
 from tests.sshbox import SshBox, sshbox

@@ -17,9 +17,10 @@ import pytest
 from click.testing import CliRunner
 
 import profiles
-from controller import catalog, status
+from controller import catalog
 from controller import deadman as ctl
 from controller.box.ssh import HostKeyChanged, HostKeyUnknown, Ssh, Unreachable, classify
+from controller.runs import status
 from controller.store.db import Store
 from protocol import Event
 from tests.sshbox import SshBox, sshbox  # noqa: F401 (fixture)

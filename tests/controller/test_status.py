@@ -1,4 +1,4 @@
-"""controller.status and `rgt status` / `rgt policy`: the summary of a run, against a real store file."""
+"""controller.runs.status and `rgt status` / `rgt policy`: the summary of a run, against a real store file."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,8 @@ from typing import Any, Dict, Iterator, List
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli_watch, status
+from controller import cli_watch
+from controller.runs import status
 from controller.store.db import Store
 from protocol import Event
 

@@ -20,9 +20,10 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import life, teardown
+from controller import teardown
 from controller.cli_pull import teardown_command
 from controller.clibase import RgtGroup
+from controller.runs import life
 from controller.store.db import Store
 from onbox import manifest
 from onbox.pullmanifest import build_manifest

@@ -2,7 +2,7 @@
 
 A condition that woke wakes again only when it re-opens after a clear or escalates; one made
 moot by a later, graver event never wakes; the dead-man's warnings are keyed by their lease;
-a job exit is judged with controller.life (a stop by request is not a failure).
+a job exit is judged with controller.runs.life (a stop by request is not a failure).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller import life
+from controller.runs import life
 from controller.store.db import LocalEvent
 from controller.wake import policy as wake
 from controller.wake.policy import Context, Policy, judge

@@ -16,8 +16,9 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli_watch, life, queue
+from controller import cli_watch, queue
 from controller.clibase import RgtGroup
+from controller.runs import life
 from controller.store.db import Store
 from controller.wake.watch import WatchResult, watch
 from protocol import Event

@@ -1,8 +1,8 @@
 """`rgt status RUN` for a multi-node run: one line per node, and the group's verdict.
 
-Each node line comes from that node stream's own summary (controller.status): where it runs,
+Each node line comes from that node stream's own summary (controller.runs.status): where it runs,
 its state, its last step and how old its last progress is, and its link. The verdict above them
-reads each node's life (controller.life) and the group's own events (controller.groups): a rank
+reads each node's life (controller.runs.life) and the group's own events (controller.runs.groups): a rank
 that failed while the others still run, every node hung (and which stopped first), some nodes
 stalled, stopped by request, finished. A node stopped by request is not a failed rank, and
 neither is one that ended after a stop was asked for another node (its peer went away).
@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from controller import groups, life, status
 from controller.render import local_time, printable
+from controller.runs import groups, life, status
 from controller.store.db import LocalEvent, Store
 from controller.wake.policy import number, seconds
 

@@ -12,7 +12,7 @@ Two failures show only across nodes (seed-inventory §4.7), so no single sidecar
     job.rank_failed  critical  one node's job exited while the others still run: they wait for it
                                in their next collective. A failed exit counts at once; a clean
                                exit once the others ran on for CLEAN_EXIT_GRACE_S. A node stopped
-                               by request (controller.life: `rgt stop` recorded it) never counts,
+                               by request (controller.runs.life: `rgt stop` recorded it) never counts,
                                nor one that ended after a stop was asked for another node.
     job.stalled      warn      verdict "hung", scope "all nodes": every node's newest job.stalled
                                is open. Names the node whose progress stopped first (the oldest
@@ -36,7 +36,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import protocol
 
-from controller import life
+from controller.runs import life
 from controller.store.db import LocalEvent, RunNotFound, Store
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class NodeView:
     stall: Optional[protocol.Event] = None      # the open job.stalled onset, if there is one
     progress: Optional[protocol.Event] = None   # the newest train.progress (read when all stalled)
     stop_ts: Optional[float] = None             # when a stop of this attempt was asked (laptop clock)
-    stopped: bool = False                       # its exit is a stop by request (controller.life)
+    stopped: bool = False                       # its exit is a stop by request (controller.runs.life)
 
     def stopped_at(self) -> Optional[float]:
         """When the node's progress stopped, as well as its events tell: the time of the last

@@ -17,8 +17,9 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import protocol
 from protocol.metrics import is_metric_name
 
-from controller import life, metricref
 from controller.render import local_time, printable
+from controller.runs import life
+from controller.runs import metrics as metricref
 from controller.store.db import LocalEvent, Store
 from controller.wake import policy as wake
 from controller.wake.policy import AnyEvent, number, seconds, size
@@ -296,7 +297,7 @@ def _step(value: Any) -> Optional[int]:
 
 def _life(store: Store, run: str) -> Dict[str, Any]:
     """A run's state, first and last step and newest checkpoint's step, cheaply: its life
-    (controller.life), and its train.progress and ckpt.saved events (the last step is the furthest
+    (controller.runs.life), and its train.progress and ckpt.saved events (the last step is the furthest
     either reported)."""
     run_life = life.of_run(store, run)
     first = last = ckpt = None

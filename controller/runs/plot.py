@@ -1,6 +1,6 @@
 """`rgt plot`: a run's loss and metric curves, from every logged point, against a reference.
 
-The points are `controller.metricref.load`'s: the run's metrics.jsonl on this machine (a local
+The points are `controller.runs.metrics.load`'s: the run's metrics.jsonl on this machine (a local
 run's, or the one `rgt pull` brought home) with the stored train.progress events after it, else those
 events alone (the box's ~5 s summaries). Only metrics are drawn (`protocol.metrics`: never a `time`
 field). A loss panel whose values span more than a decade is drawn on a log y axis: on a linear
@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from protocol import metrics as schema
 
-from controller.metricref import Curves, load
+from controller.runs.metrics import Curves, load
 from controller.store.db import Store
 
 INSTALL_HINT = "pip install 'remote-gpu-trainer[plot]'"
