@@ -1,6 +1,6 @@
 """`rgt pull` and `rgt teardown`: bring a run home, then give the box back only when that is safe.
 
-Thin commands over controller.pull and controller.teardown; the lead's wiring in controller/cli.py
+Thin commands over controller.pull.fetch and controller.teardown; the lead's wiring in controller/cli.py
 adds them to the `rgt` group. Exit codes: 0 done, 1 refused or failed (an `error:` line says why,
 a `hint:` line what to do), 2 usage.
 """
@@ -22,7 +22,7 @@ from controller.clibase import (
     emit_json,
     sigterm_as_interrupt,
 )
-from controller.pull import Progress, PullError, pull
+from controller.pull.fetch import Progress, PullError, pull
 from controller.store.db import Store
 
 # ---- rgt pull ---------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ from controller.box.ssh import LocalShell, Ssh, SshError
 from controller.install import onbox as install
 from controller.install.onbox import LOCAL, InstallError
 from controller.output import error_tail, last_json_object
-from controller.pullstage import sha256_of
+from controller.pull.stage import sha256_of
 from controller.resume_command import (
     ResumeError,
     What,

@@ -59,7 +59,7 @@ from protocol.pull import check_manifest
 
 from controller.box.ssh import SshError
 from controller.install import onbox as install
-from controller.pullstage import MANIFEST_REL, VERIFIED_REL
+from controller.pull.stage import MANIFEST_REL, VERIFIED_REL
 from controller.runs import life
 from controller.store.db import Store
 from controller.verify_identity import hash_file, pin_of

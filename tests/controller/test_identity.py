@@ -26,8 +26,8 @@ from controller.box.trust import Untrusted
 from controller.follow import watcher
 from controller.follow.subscriber import Subscriber, SubscriberRefused
 from controller.follow.watcher import LocalLink, SshLink, Watcher, WatchRefused, _finished
-from controller.pull import PullError, destination
-from controller.pullstage import Entry, check_entries, prepare
+from controller.pull.fetch import PullError, destination
+from controller.pull.stage import Entry, check_entries, prepare
 from controller.store.db import Store
 from onbox.sidecar import Sidecar, SidecarConfig
 from protocol import PACKAGE_VERSION, PROTOCOL_VERSION, Event, HelloReply, SinceReply

@@ -1,4 +1,4 @@
-"""controller.pull through host `local` (the same flow as over ssh, local rsync without -e): what a
+"""controller.pull.fetch through host `local` (the same flow as over ssh, local rsync without -e): what a
 staging dir left by an interrupted pull may keep, that an earlier pull is never written in place,
 and what is refused. The sshd end to end lives in tests/e2e/test_pull.py."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Dict, Iterator, List
 
 import pytest
 
-from controller.pull import Progress, PullError, pull
-from controller.pullstage import MARKER
+from controller.pull.fetch import Progress, PullError, pull
+from controller.pull.stage import MARKER
 from controller.store.db import Store
 from onbox import manifest
 

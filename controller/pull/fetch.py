@@ -54,7 +54,7 @@ from controller.box import trust as boxtrust
 from controller.box.ssh import LocalShell, Ssh, SshError, classify
 from controller.install import onbox as install
 from controller.output import error_tail, last_json_object
-from controller.pullstage import (
+from controller.pull.stage import (
     MANIFEST_REL,
     STAGING_SUFFIX,
     Entry,

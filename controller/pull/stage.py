@@ -1,5 +1,5 @@
 """The local half of `rgt pull`: the staging dir next to the destination, what may stay in it, the
-checks before it counts, and the swap into place (controller.pull has the flow and the rsync).
+checks before it counts, and the swap into place (controller.pull.fetch has the flow and the rsync).
 
 Staging is <dest>.partial/, marked as rgt's by its marker file and locked while a pull writes it.
 Only what can help stays there: a file of the listed size that hashes to the listed SHA-256, or a
