@@ -9,7 +9,7 @@ the job writes the fault's wall time to --fault-stamp). Measured:
   job's stacks (the event carrying `stacks`: the same event gives 0, a later one its ts difference;
   a `stacks_s` field in the data is added when the sidecar reports its own capture time);
 - verify: a healthy HF run with 3 checkpoints (save_total_limit=3) is pulled, then `rgt verify` is
-  timed, counting the torch seam children (`controller.safeload`) it started.
+  timed, counting the torch seam children (`controller.verify.safeload`) it started.
 
     .venv/bin/python bench/frameworks.py [--only hf,lightning,torchrun] [--no-verify]
 
@@ -193,7 +193,7 @@ def _count_children(pid: int, seen: Set[int], stop: threading.Event) -> None:
         try:
             for child in parent.children(recursive=True):
                 try:
-                    if "controller.safeload" in " ".join(child.cmdline()):
+                    if "controller.verify.safeload" in " ".join(child.cmdline()):
                         seen.add(child.pid)
                 except psutil.Error:
                     pass

@@ -1,6 +1,6 @@
 """`rgt verify RUN_DIR`: prove a pulled run (identity, safe load, recomputed metric).
 
-A thin command over controller.verify.verify; controller/cli.py attaches it. People see one line
+A thin command over controller.verify.prove.verify; controller/cli.py attaches it. People see one line
 per proof on stdout and one `error:` line per failure on stderr; `--json` prints the report
 (exactly what PULL_VERIFIED.json holds, plus "report_path") as one JSON object. Exit codes:
 0 every proof that ran passed, 1 a proof failed (the last error line names which), 2 usage.
@@ -13,17 +13,18 @@ from typing import Any, Dict, Optional
 
 import click
 
-from controller import render, verify_units
+from controller import render
 from controller.clibase import CliError, RgtCommand, emit_json
 from controller.store.db import Store
-from controller.verify import PROOFS, Report, verify
-from controller.verify_load import DEFAULT_TIMEOUT_S
-from controller.verify_metric import (
+from controller.verify import units as verify_units
+from controller.verify.load import DEFAULT_TIMEOUT_S
+from controller.verify.metric import (
     DEFAULT_EVAL_TIMEOUT_S,
     DEFAULT_METRIC,
     DEFAULT_TOLERANCE,
     EvalCommandError,
 )
+from controller.verify.prove import PROOFS, Report, verify
 
 
 def _gb(n: int) -> str:

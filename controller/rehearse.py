@@ -17,7 +17,7 @@ and the command's own working directory (this one). Stages, in order:
                           recorded checkpoint in RGT_RESUME_FROM), and its first step is above 0, not
                           under that checkpoint's step, with no train.restarted_from_zero
     safe load             every recorded checkpoint hashes to its write-time sha256 and loads through
-                          the pull verifier's seam (controller.verify_load); none is left unrecorded
+                          the pull verifier's seam (controller.verify.load); none is left unrecorded
     clean exit            the job ran to its end: code 0 and the sidecar's final_ok. With --steps N it
                           is asked to stop (`rgt-onbox stop`: SIGTERM, SIGKILL after the grace) once a
                           step >= N is logged after the relaunch; then clean means it ended on that
@@ -70,7 +70,7 @@ from controller.rehearse_checks import (
     steps_since,
     unrecorded,
 )
-from controller.verify import verify
+from controller.verify.prove import verify
 
 PROJECT = "rehearse"
 RUN_ID = "rehearsal"
@@ -419,7 +419,7 @@ class Rehearsal:
     def stage_safe_load(self) -> Tuple[bool, str]:
         """What `rgt pull` + `rgt verify` would say: the box half builds the pull manifest
         (`rgt-onbox manifest`: custody's records, directory units, rotation), the listed files are
-        copied to <root>/pulled the way the pull lays them out, and controller.verify proves them
+        copied to <root>/pulled the way the pull lays them out, and controller.verify.prove proves them
         (identity, then safe load through its seam, known companions and all)."""
         self._wait(lambda: custody_caught_up(self.run_dir, self.ckpt_dir) or not self._sidecar_alive(),
                    CUSTODY_S)

@@ -25,8 +25,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from protocol.pull import is_temporary
 
 from controller.runs import life
-from controller.verify_identity import HashResult
-from controller.verify_load import LoadResult
+from controller.verify.identity import HashResult
+from controller.verify.load import LoadResult
 
 STAGES = ("launch", "metrics seen", "checkpoint committed", "resume", "safe load", "clean exit")
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
@@ -441,7 +441,7 @@ _NOT_A_LOAD_FAILURE = ("ok", "skipped", "not loadable", "identity only")
 
 def judge_verified(report: Mapping[str, Any], problems: Sequence[str],
                    stray: Sequence[str]) -> Tuple[bool, str]:
-    """The rehearsal's safe load: the pull verifier's verdict (controller.verify, `Report.to_dict()`)
+    """The rehearsal's safe load: the pull verifier's verdict (controller.verify.prove, `Report.to_dict()`)
     on a local pull of the run, plus what the rehearsal itself found (`problems`: rewritten after
     the record, not copyable; `stray`: checkpoint files no custody record covers)."""
     files = [f for f in report.get("files") or [] if isinstance(f, dict)]

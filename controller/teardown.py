@@ -62,7 +62,7 @@ from controller.install import onbox as install
 from controller.pull.stage import MANIFEST_REL, VERIFIED_REL
 from controller.runs import life
 from controller.store.db import Store
-from controller.verify_identity import hash_file, pin_of
+from controller.verify.identity import hash_file, pin_of
 
 STALE_MONTHS = profiles.STALE_MONTHS
 COMMAND_TIMEOUT_S = 600

@@ -58,7 +58,7 @@ from controller.install.wheels import (
 from controller.output import last_json_object
 from controller.render import printable
 from controller.store.db import HostNotFound, Store
-from controller.verify_identity import hash_file
+from controller.verify.identity import hash_file
 
 LOCAL = "local"
 DEFAULT_VENV = "~/.rgt/venv"

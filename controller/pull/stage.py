@@ -24,7 +24,7 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 from protocol.pull import FILENAME
 
 from controller.box import trust as boxtrust
-from controller.verify_identity import hash_file
+from controller.verify.identity import hash_file
 
 STAGING_SUFFIX = ".partial"
 MARKER = ".rgt-staging.json"

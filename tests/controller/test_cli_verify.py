@@ -9,9 +9,10 @@ from typing import Any, List
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import verify_load, verify_units
 from controller.cli_verify import verify_command
 from controller.clibase import RgtGroup
+from controller.verify import load as verify_load
+from controller.verify import units as verify_units
 from tests.controller.verifykit import MANIFEST, VERIFIED, entries_of, make_run, write_manifest
 
 ST100 = "checkpoints/step000100.safetensors"

@@ -38,7 +38,7 @@ from controller.rehearse_checks import (
     steps_since,
     unrecorded,
 )
-from controller.verify_load import LoadResult
+from controller.verify.load import LoadResult
 
 SHA_A = "a" * 64
 

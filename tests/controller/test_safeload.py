@@ -1,7 +1,8 @@
-"""The torch seam (controller.safeload) and our safetensors parser (controller.stcheck).
+"""The torch seam (controller.verify.safeload) and our safetensors parser
+(controller.verify.safetensors_header).
 
 The seam's logic runs in-process here (torch is already imported by the fixtures); one test runs
-the documented `python -m controller.safeload` form as a child."""
+the documented `python -m controller.verify.safeload` form as a child."""
 from __future__ import annotations
 
 import io
@@ -18,7 +19,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from controller import safeload, stcheck
+from controller.verify import safeload
+from controller.verify import safetensors_header as stcheck
 from tests.controller.verifykit import Evil
 
 REPO = Path(__file__).resolve().parents[2]
@@ -153,7 +155,7 @@ def test_counts_non_finite_values_in_safetensors(tmp_path: Path) -> None:
 def test_the_seam_runs_as_a_module_and_prints_one_json_line(tmp_path: Path) -> None:
     path = tmp_path / "m.pt"
     torch.save({"w": torch.ones(2, 2)}, path)
-    proc = subprocess.run([sys.executable, "-m", "controller.safeload", str(path), "--finite"],
+    proc = subprocess.run([sys.executable, "-m", "controller.verify.safeload", str(path), "--finite"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     [line] = proc.stdout.splitlines()

@@ -368,9 +368,9 @@ def test_plan_and_action_are_one_or_the_other(rig: Rig) -> None:
 
 def test_a_same_size_overwrite_of_a_verified_copy_closes_the_gate(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from controller import verify_units
-    from controller.verify import verify
-    from controller.verify_identity import hash_file
+    from controller.verify import units as verify_units
+    from controller.verify.identity import hash_file
+    from controller.verify.prove import verify
     from tests.controller.verifykit import make_run
 
     monkeypatch.setattr(verify_units, "newest_units", lambda steps: [])  # no seam child needed here

@@ -16,10 +16,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from controller import verify_identity, verify_load, verify_units
-from controller.verify import Report, verify
-from controller.verify_identity import hash_file, hash_files
-from controller.verify_metric import EvalCommandError, Target, targets
+from controller.verify import identity as verify_identity
+from controller.verify import load as verify_load
+from controller.verify import units as verify_units
+from controller.verify.identity import hash_file, hash_files
+from controller.verify.metric import EvalCommandError, Target, targets
+from controller.verify.prove import Report, verify
 from tests.controller.verifykit import (
     MANIFEST,
     PT_FILE,

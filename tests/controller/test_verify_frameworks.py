@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from controller import teardown
-from controller.verify import verify
+from controller.verify.prove import verify
 from protocol.pull import manifest_digest
 from tests.controller.verifykit import MANIFEST, Evil
 

@@ -17,10 +17,12 @@ import torch
 from click.testing import CliRunner, Result
 from safetensors.torch import save_file
 
-from controller import stcheck, teardown, verify_units
+from controller import teardown
 from controller.cli_verify import verify_command
 from controller.clibase import RgtGroup
-from controller.verify import verify
+from controller.verify import safetensors_header as stcheck
+from controller.verify import units as verify_units
+from controller.verify.prove import verify
 from tests.controller.verifykit import VERIFIED, Evil, entries_of, make_run, tensors, write_manifest
 
 ST200 = "checkpoints/step000200.safetensors"
@@ -107,7 +109,7 @@ def test_the_eval_never_sees_a_file_that_failed_safe_load_and_verify_fails(tmp_p
 
 def test_a_file_changed_after_hashing_is_withheld_and_the_checkpoint_not_evaluated(
         tmp_path: Path, quiet_finite: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    from controller import verify_metric
+    from controller.verify import metric as verify_metric
     run = make_run(tmp_path)
     real = verify_metric.build_view
 

@@ -112,8 +112,8 @@ def test_a_header_that_crashed_custody_is_a_recorded_suspect_and_fails_the_pull(
     again.idle()
     assert not again.events.of("ckpt.suspect") and len(manifest.suspects(h.run)) == 1
 
-    from controller import verify_units
-    from controller.verify import verify
+    from controller.verify import units as verify_units
+    from controller.verify.prove import verify
     monkeypatch.setattr(verify_units, "newest_units", lambda steps: [])
     report = verify(pull(h.run, tmp_path / "pulled"))
     assert not report.ok

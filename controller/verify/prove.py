@@ -6,15 +6,15 @@
 
 Three named proofs, each one separate in the report:
 
-1. identity (controller.verify_identity): the manifest hashes to its own sha256; the roster is
+1. identity (controller.verify.identity): the manifest hashes to its own sha256; the roster is
    exact (no file missing, none extra, no rsync leftovers); every size and SHA-256 matches.
-2. safe_load (controller.verify_load): files whose identity passed load safely: safetensors by our
+2. safe_load (controller.verify.load): files whose identity passed load safely: safetensors by our
    own parser, torch files with weights_only=True (a companion: plus its explicit allow-list) in
    ONE limited child process per verification; each file's "method" says how it was proven
    ("weights", "safe-load (allow-list: ...)", "identity only"). The newest checkpoint's weights
    are checked for NaN/Inf by default (every checkpoint's with check_finite); a non-finite one
    fails unless allow_nonfinite, and is named in "nonfinite" either way.
-3. metric (controller.verify_metric), only with eval_cmd: the newest checkpoint's recomputed metric
+3. metric (controller.verify.metric), only with eval_cmd: the newest checkpoint's recomputed metric
    matches what the run reported for its step. The eval runs on a view holding only the files of
    that checkpoint that passed (`_eval_refusal`): one that failed, or was never proven safe to load
    (a pickle of code, a file that did not load), is withheld and named in the result, never shown.
@@ -26,7 +26,7 @@ box itself judged bad: each fails identity ("suspect"), since the pull cannot ho
 proven. Each file's "stat" pins the hash to the file it was taken of (verify_identity.pin_of), for
 the teardown gate.
 
-Files are grouped by checkpoint unit (controller.verify_units: "units", one row per checkpoint-N/
+Files are grouped by checkpoint unit (controller.verify.units: "units", one row per checkpoint-N/
 or .ckpt). Checkpoints the job rotated away (the manifest's "removed", by "job") are gone on
 purpose: named in "rotated_away", never a failure; removed by anything else, they fail identity.
 
@@ -51,8 +51,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import protocol
 
-from controller import verify_load, verify_metric, verify_roles, verify_units
-from controller.verify_identity import (
+from controller.verify import load as verify_load
+from controller.verify import metric as verify_metric
+from controller.verify import roles as verify_roles
+from controller.verify import units as verify_units
+from controller.verify.identity import (
     MANIFEST_REL,
     VERIFIED_REL,
     Identity,
@@ -64,8 +67,8 @@ from controller.verify_identity import (
     prove_identity,
     stated_sha256,
 )
-from controller.verify_load import LoadOptions, LoadResult
-from controller.verify_metric import DEFAULT_EVAL_TIMEOUT_S, DEFAULT_METRIC, DEFAULT_TOLERANCE, MetricResult
+from controller.verify.load import LoadOptions, LoadResult
+from controller.verify.metric import DEFAULT_EVAL_TIMEOUT_S, DEFAULT_METRIC, DEFAULT_TOLERANCE, MetricResult
 
 SCHEMA = "rgt.pull_verified"
 VERSION = 1
@@ -147,7 +150,7 @@ class Report:
 def _tools(torch: Optional[str]) -> Dict[str, Optional[str]]:
     backend = "openssl" if type(hashlib.sha256()).__module__ == "_hashlib" else "builtin"
     return {"rgt": protocol.__version__, "python": platform.python_version(), "torch": torch,
-            "safetensors": "controller.stcheck (own parser)",
+            "safetensors": "controller.verify.safetensors_header (own parser)",
             "hashlib": f"{backend} ({ssl.OPENSSL_VERSION})" if backend == "openssl" else backend}
 
 

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from controller.jsonl import objects
 from controller.output import last_json_object
-from controller.verify_identity import pin_of
+from controller.verify.identity import pin_of
 
 DEFAULT_METRIC = "loss"
 DEFAULT_TOLERANCE = 1e-4  # relative: same weights, same data, other hardware or kernels

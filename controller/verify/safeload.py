@@ -1,13 +1,13 @@
 """The torch seam of pull verification, run as a child process, never imported by the controller
 for loading:
 
-    python -m controller.safeload PATH [--format torch|safetensors] [--role ROLE] [--finite]
+    python -m controller.verify.safeload PATH [--format torch|safetensors] [--role ROLE] [--finite]
                                        [--trust-pickle] [--max-address-space BYTES]
-    python -m controller.safeload --batch [...] < [{"path", "format", "role", "finite"}, ...]
+    python -m controller.verify.safeload --batch [...] < [{"path", "format", "role", "finite"}, ...]
 
 --batch loads many files in one process (one torch import per verification): before each it writes
 `rgt-safeload: starting I` to stderr, after it one JSON line with "index": I to stdout, so a crash of
-the process names the file it was on. ROLE is controller.verify_roles': a "companion" loads with
+the process names the file it was on. ROLE is controller.verify.roles': a "companion" loads with
 weights_only=True plus its explicit allow-list (numpy's RNG types for rng_state*.pth); NaN/Inf are
 counted for "weights" only, and in a file with a "state_dict" only there.
 
@@ -23,8 +23,8 @@ the legacy non-zip format, which torch cannot map). There is no weights_only=Fal
 with or without --trust-pickle: that flag only lifts the refusal of pickle files under a torch
 older than MIN_SAFE_TORCH, whose weights_only unpickler has known CVEs.
 
-safetensors files are parsed by controller.stcheck; with --finite every floating tensor is viewed
-through torch.frombuffer over a private mapping of the file and counted, in bounded chunks.
+safetensors files are parsed by controller.verify.safetensors_header; with --finite every floating tensor
+is viewed through torch.frombuffer over a private mapping of the file and counted, in bounded chunks.
 
 The controller runs this with a timeout, so a hostile file can neither hang nor exhaust it.
 Importing this module imports nothing heavy: torch is imported inside main().
@@ -41,7 +41,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
-from controller import stcheck, verify_roles
+from controller.verify import roles as verify_roles
+from controller.verify import safetensors_header as stcheck
 
 MIN_SAFE_TORCH = (2, 10)  # weights_only has known CVEs below this
 CHUNK_ELEMENTS = 1 << 24  # finite check: at most this many elements (and a bool mask) at a time
@@ -271,7 +272,7 @@ def run_batch(items: Sequence[Dict[str, Any]], trust_pickle: bool) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m controller.safeload")
+    parser = argparse.ArgumentParser(prog="python -m controller.verify.safeload")
     parser.add_argument("path", type=Path, nargs="?")
     parser.add_argument("--batch", action="store_true",
                         help="Read a JSON list of {path, format, role, finite} on stdin; one JSON line each.")

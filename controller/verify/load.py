@@ -1,12 +1,12 @@
 """The safe-load proof of a pulled run: every file we know how to load must load, safely.
 
-Each file's role (controller.verify_roles, from its name) decides how:
+Each file's role (controller.verify.roles, from its name) decides how:
 
-- `.safetensors`: parsed by controller.stcheck in this process (header and spans only). With a
-  finite check the tensors are also counted for NaN/Inf in the seam child (torch.frombuffer).
+- `.safetensors`: parsed by controller.verify.safetensors_header in this process (header and spans
+  only). With a finite check the tensors are also counted for NaN/Inf in the seam child (torch.frombuffer).
 - torch files (`.pt`, `.pth`, `.ckpt`; `.bin` or any other name holding a torch zip or a pickle):
   `torch.load(weights_only=True)` (companions: plus their explicit allow-list) in ONE child process
-  per verification (controller.safeload --batch) that caps its own address space; each file has
+  per verification (controller.verify.safeload --batch) that caps its own address space; each file has
   `timeout_s`, and a child that dies or hangs is charged to the file it had started (its "starting I"
   line) and a fresh child goes on with the rest. Under a torch older than 2.10 pickle files are
   refused before any child starts, unless trust_pickle. There is no weights_only=False path.
@@ -38,9 +38,11 @@ import zipfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from controller import safeload, stcheck, verify_roles
-from controller.verify_identity import Progress
-from controller.verify_roles import CODE_PICKLE, COMPANION, JSON, OTHER, WEIGHTS
+from controller.verify import roles as verify_roles
+from controller.verify import safeload
+from controller.verify import safetensors_header as stcheck
+from controller.verify.identity import Progress
+from controller.verify.roles import CODE_PICKLE, COMPANION, JSON, OTHER, WEIGHTS
 
 UNKNOWN = "not loadable: unknown format"
 TORCH_SUFFIXES = frozenset({".pt", ".pth", ".ckpt"})
@@ -51,7 +53,7 @@ MAX_CODE_PICKLE_BYTES = 16 << 20
 _ROOT = str(Path(__file__).resolve().parent.parent)
 # -I: no user site, no PYTHON* variables, no script directory on sys.path; _ROOT makes
 # `controller` importable whether or not the package is installed.
-_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from controller.safeload import main; " \
+_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from controller.verify.safeload import main; " \
         "sys.exit(main(sys.argv[2:]))"
 Popen = Callable[..., "subprocess.Popen[bytes]"]
 _CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}

@@ -20,7 +20,7 @@ import posixpath
 import re
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from controller.verify_identity import Entry, Removed
+from controller.verify.identity import Entry, Removed
 
 _SAVE_DIR = re.compile(r"^(checkpoint|ckpt|global_step|step|epoch)[-_=]?\d+", re.IGNORECASE)
 CUSTODY_REL = "rgt/manifest.jsonl"
