@@ -1,6 +1,6 @@
 """`rgt deadman HOST status|renew|arm|disarm|authorize`: the box's dead-man lease from here.
 
-Thin commands over controller/deadman.py; each prints a short block (`--json`: the box's one JSON
+Thin commands over controller/teardown/deadman.py; each prints a short block (`--json`: the box's one JSON
 answer). The watcher renews the lease of a box it follows on its own; these are for a person or
 an agent who wants to look, to give a box more time, or to switch its dead-man off.
 """
@@ -11,9 +11,9 @@ from typing import Any, Dict, Iterator, Optional
 
 import click
 
-from controller import deadman
 from controller.clibase import JSON_OPTION, CliError, RgtGroup, emit_json
 from controller.store.db import Store
+from controller.teardown import deadman
 
 
 @contextlib.contextmanager

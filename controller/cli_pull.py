@@ -1,6 +1,6 @@
 """`rgt pull` and `rgt teardown`: bring a run home, then give the box back only when that is safe.
 
-Thin commands over controller.pull.fetch and controller.teardown; the lead's wiring in controller/cli.py
+Thin commands over controller.pull.fetch and controller.teardown.gate; the lead's wiring in controller/cli.py
 adds them to the `rgt` group. Exit codes: 0 done, 1 refused or failed (an `error:` line says why,
 a `hint:` line what to do), 2 usage.
 """
@@ -13,7 +13,7 @@ from typing import Optional
 
 import click
 
-from controller import render, teardown
+from controller import render
 from controller.clibase import (
     JSON_OPTION,
     RUN_ARGUMENT,
@@ -24,6 +24,7 @@ from controller.clibase import (
 )
 from controller.pull.fetch import Progress, PullError, pull
 from controller.store.db import Store
+from controller.teardown import gate as teardown
 
 # ---- rgt pull ---------------------------------------------------------------------------------
 

@@ -93,7 +93,7 @@ def _pulled_dir(name: str) -> Path:
         return Path(name)
     if "/" in name or name in (".", ".."):
         raise click.UsageError(f"directory {name!r} does not exist")
-    from controller.teardown import pulled_dir_of
+    from controller.teardown.gate import pulled_dir_of
 
     with Store.open() as store:
         run = store.resolve_run(name)

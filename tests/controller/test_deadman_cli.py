@@ -11,9 +11,9 @@ from typing import Any, Dict, Iterator
 
 import pytest
 
-from controller import deadman as ctl
-from controller import teardown
 from controller.store.db import Store
+from controller.teardown import deadman as ctl
+from controller.teardown import gate as teardown
 from onbox import deadman, deadmand
 from onbox.runs import wait_for
 from protocol import Event

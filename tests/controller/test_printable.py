@@ -18,11 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import protocol
-from controller import clibase, deadman
+from controller import clibase
 from controller.install import onbox as install
 from controller.output import error_tail
 from controller.render import json_line, json_safe, printable, printable_lines, table_row
 from controller.store.db import Store
+from controller.teardown import deadman
 from protocol import PACKAGE_VERSION
 
 RANGES = [(0x00, 0x1F), (0x7F, 0x9F), (0xAD, 0xAD), (0x061C, 0x061C), (0x180E, 0x180E),

@@ -18,10 +18,10 @@ from click.testing import CliRunner
 
 import profiles
 from controller import catalog
-from controller import deadman as ctl
 from controller.box.ssh import HostKeyChanged, HostKeyUnknown, Ssh, Unreachable, classify
 from controller.runs import status
 from controller.store.db import Store
+from controller.teardown import deadman as ctl
 from protocol import Event
 from tests.sshbox import SshBox, sshbox  # noqa: F401 (fixture)
 from tests.test_skill_contract import PROGRAMS, every_invocation

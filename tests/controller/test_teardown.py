@@ -20,11 +20,11 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import teardown
 from controller.cli_pull import teardown_command
 from controller.clibase import RgtGroup
 from controller.runs import life
 from controller.store.db import Store
+from controller.teardown import gate as teardown
 from onbox import manifest
 from onbox.pullmanifest import build_manifest
 from protocol import Event

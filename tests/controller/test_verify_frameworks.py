@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 import pytest
 import torch
 
-from controller import teardown
+from controller.teardown import gate as teardown
 from controller.verify.prove import verify
 from protocol.pull import manifest_digest
 from tests.controller.verifykit import MANIFEST, Evil

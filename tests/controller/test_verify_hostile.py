@@ -17,9 +17,9 @@ import torch
 from click.testing import CliRunner, Result
 from safetensors.torch import save_file
 
-from controller import teardown
 from controller.cli_verify import verify_command
 from controller.clibase import RgtGroup
+from controller.teardown import gate as teardown
 from controller.verify import safetensors_header as stcheck
 from controller.verify import units as verify_units
 from controller.verify.prove import verify

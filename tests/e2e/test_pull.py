@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Set, Tuple
 
 import pytest
 
-from controller import teardown
+from controller.teardown import gate as teardown
 from controller.verify.prove import verify
 from tests.e2e.rgtbox import Rgt
 from tests.helpers import REPO, rgt_cmd, wait_until

@@ -8,7 +8,7 @@
 Every call runs `rgt-onbox deadman <op> --json` on the box through the host's one shell (its ssh
 master, or this machine for `local`) and returns the box's JSON answer. Disarming and renewing are
 always allowed: they only make the dead-man less eager. Authorizing a destructive action is not: it
-needs the teardown gate (controller/teardown.py) OPEN for every run this controller launched on the
+needs the teardown gate (controller/teardown/gate.py) OPEN for every run this controller launched on the
 host, and the host's name typed, because once authorized the box may run the action with nobody
 watching. The box itself re-checks that no checkpoint appeared after the authorization before it
 acts (onbox/deadman.py).
@@ -20,13 +20,13 @@ import json
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
-from controller import teardown
 from controller.box.ssh import SshError
 from controller.install import onbox as install
 from controller.output import error_tail
 from controller.render import printable
 from controller.runs import life
 from controller.store.db import Store
+from controller.teardown import gate as teardown
 
 CALL_TIMEOUT_S = 120
 
