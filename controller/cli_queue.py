@@ -5,8 +5,8 @@
     rgt queue resume NAME [--foreground]
     rgt queue cancel NAME [--stop-running]
 
-The queue lives in the store (controller.queue); a background dispatcher per queue
-(controller.queuerun) places its cells. Exit codes of `--foreground` and `status`: 0 no cell
+The queue lives in the store (controller.queue.model); a background dispatcher per queue
+(controller.queue.dispatch) places its cells. Exit codes of `--foreground` and `status`: 0 no cell
 failed (all done or stopped by request, or still going), 1 some cell failed or was cancelled, 2 usage.
 """
 from __future__ import annotations
@@ -18,9 +18,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import click
 
-from controller import queue as q
-from controller import queuerun, render
+from controller import render
 from controller.clibase import JSON_OPTION, CliError, RgtCommand, RgtGroup, emit_json, sigterm_as_interrupt
+from controller.queue import dispatch as queuerun
+from controller.queue import model as q
 from controller.store.db import Store
 
 _REASON_WIDTH = 70

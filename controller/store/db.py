@@ -317,7 +317,7 @@ class Store:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """The connection inside BEGIN IMMEDIATE ... COMMIT, for a module that owns its own
-        tables (controller/queue.py); sqlite3 errors become StoreErrors."""
+        tables (controller/queue/model.py); sqlite3 errors become StoreErrors."""
         try:
             with _transaction(self._conn) as conn:
                 yield conn

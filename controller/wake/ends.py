@@ -12,7 +12,7 @@ import dataclasses
 import shlex
 from typing import Any, Dict, Mapping, Optional, Sequence
 
-from controller import queue
+from controller.queue import model as queue
 from controller.render import printable
 from controller.runs import life
 from controller.store.db import LocalEvent, Store

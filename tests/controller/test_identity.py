@@ -18,8 +18,7 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
-from controller import cli, paths, queuerun
-from controller import queue as q
+from controller import cli, paths
 from controller.box import jobs as boxes
 from controller.box.jobs import BoxError
 from controller.box.trust import Untrusted
@@ -28,6 +27,8 @@ from controller.follow.subscriber import Subscriber, SubscriberRefused
 from controller.follow.watcher import LocalLink, SshLink, Watcher, WatchRefused, _finished
 from controller.pull.fetch import PullError, destination
 from controller.pull.stage import Entry, check_entries, prepare
+from controller.queue import dispatch as queuerun
+from controller.queue import model as q
 from controller.store.db import Store
 from onbox.sidecar import Sidecar, SidecarConfig
 from protocol import PACKAGE_VERSION, PROTOCOL_VERSION, Event, HelloReply, SinceReply

@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from controller import cli
-from controller import queue as q
 from controller.box import jobs as boxes
+from controller.queue import model as q
 from controller.runs import group_status as status_group
 from controller.runs import groups, life, status
 from controller.store.db import Store

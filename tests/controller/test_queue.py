@@ -1,4 +1,4 @@
-"""controller.queue and controller.queuerun against a real store file: the commands file, how an
+"""controller.queue.model and controller.queue.dispatch against a real store file: the commands file, how an
 attempt ended (from stored events), what may be retried, and where the dispatcher places cells.
 
 The dispatcher's box calls (launch, probe, watch) are passed in: here they record what was asked
@@ -14,10 +14,11 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli, queuerun
-from controller import queue as q
+from controller import cli
 from controller.box.jobs import BoxError
-from controller.queuerun import Dispatcher
+from controller.queue import dispatch as queuerun
+from controller.queue import model as q
+from controller.queue.dispatch import Dispatcher
 from controller.store.db import Store
 from protocol import Event
 

@@ -16,8 +16,9 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli_watch, queue
+from controller import cli_watch
 from controller.clibase import RgtGroup
+from controller.queue import model as queue
 from controller.runs import life
 from controller.store.db import Store
 from controller.wake.watch import WatchResult, watch

@@ -14,8 +14,8 @@ from typing import Any, Callable, Dict, List
 
 import pytest
 
-from controller import queue as q
-from controller import queuerun
+from controller.queue import dispatch as queuerun
+from controller.queue import model as q
 from controller.store.db import Store
 from tests.e2e.rgtbox import ONBOX, TEST_ONBOX_ARGS, TRAIN, Rgt
 from tests.helpers import wait_until

@@ -4,7 +4,7 @@ One process per queue (a lock file under the state dir makes it one), started by
 and restarted by `rgt queue status` / `rgt queue resume` through ensure_dispatcher(); or run in
 the foreground by `rgt queue FILE --foreground`. It keeps no state of its own that matters: each
 tick reads the cells from the store, judges the running ones from the events their watchers
-stored (controller.queue.classify), and launches waiting cells on free hosts. Killing it loses
+stored (controller.queue.model.classify), and launches waiting cells on free hosts. Killing it loses
 nothing; the next one carries on from the rows.
 
 Placement: a host runs one cell of the queue at a time. A cell whose last attempt may be retried
@@ -13,7 +13,7 @@ the box resumes in place from its newest good checkpoint, when that host is free
 otherwise it starts under a new run id on another free host, linked to the old run
 (Store.set_lineage resumed_from). A host whose launch failed rests a while before the next one.
 
-    python -m controller.queuerun NAME     (what ensure_dispatcher starts; logs to queues/NAME.log)
+    python -m controller.queue.dispatch NAME     (what ensure_dispatcher starts; logs to queues/NAME.log)
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from types import FrameType
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from controller import paths, pidlock
-from controller import queue as q
+from controller.queue import model as q
 from controller.store.db import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def ensure_dispatcher(store: Store, name: str, wait_s: float = 5.0) -> Optional[
     if pid:
         return pid
     f = files(name)
-    return pidlock.start("controller.queuerun", name, f.lock, f.pid, f.log, wait_s)
+    return pidlock.start("controller.queue.dispatch", name, f.lock, f.pid, f.log, wait_s)
 
 
 def stop_dispatcher(name: str, timeout_s: float = 10.0) -> Optional[int]:
@@ -348,7 +348,7 @@ class Dispatcher:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m controller.queuerun NAME", file=sys.stderr)
+        print("usage: python -m controller.queue.dispatch NAME", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     name = args[0]

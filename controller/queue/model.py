@@ -1,7 +1,7 @@
 """Queues of commands over hosts: the model, its rows in the store, and how an attempt ended.
 
 A queue is a list of cells, one command each, spread over a set of hosts with at most one
-running cell per host (controller.queuerun places them). Everything lives in the store's
+running cell per host (controller.queue.dispatch places them). Everything lives in the store's
 `queues` and `queue_cells` tables, so a queue outlives the process that drives it. Cell states:
 
     pending -> launching -> running -> done | stopped | failed | retrying -> launching -> ...
