@@ -1,6 +1,6 @@
 """`rgt rehearse [--steps N] -- CMD...`: the launch command, rehearsed on this machine (CPU only).
 
-The stages and what each proves are in controller/rehearse.py. Output: a table of stages, then
+The stages and what each proves are in controller/rehearse/run.py. Output: a table of stages, then
 `rehearse: PASS`, or `rehearse: FAIL at <stage>: <detail>` and a `hint:` line; `--json` gives one
 object {result, failed_stage, stages, run_dir, root, kept, hint, notes}. Progress lines go to stderr
 as stages complete. Exit 0 only when every stage passed, 1 when one failed, 2 on usage errors.
@@ -15,8 +15,8 @@ import click
 from controller import render
 from controller.cli_watch import parse_duration
 from controller.clibase import JSON_OPTION, CliError, RgtCommand, emit_json, sigterm_as_interrupt
-from controller.rehearse import Rehearsal, RehearseOptions, RehearseResult
-from controller.rehearse_checks import Stage
+from controller.rehearse.checks import Stage
+from controller.rehearse.run import Rehearsal, RehearseOptions, RehearseResult
 
 EXIT_FAILED = 1
 

@@ -28,5 +28,5 @@ def test_rgt_explain_does_not_import_install_pull_or_rehearse() -> None:
                          timeout=60, check=True).stdout.strip().splitlines()[-1]
     loaded = set(ast.literal_eval(out))  # a list printed by the child
     assert "controller.cli_explain" in loaded
-    assert not loaded & {"controller.install.onbox", "controller.pull.fetch", "controller.rehearse",
+    assert not loaded & {"controller.install.onbox", "controller.pull.fetch", "controller.rehearse.run",
                          "controller.wake.watch"}

@@ -20,8 +20,7 @@ from click.testing import CliRunner, Result
 
 from controller import cli
 from controller.cli_rehearse import render_result
-from controller.rehearse import Rehearsal, RehearseOptions, RehearseResult
-from controller.rehearse_checks import (
+from controller.rehearse.checks import (
     Ending,
     Journal,
     Proc,
@@ -38,6 +37,7 @@ from controller.rehearse_checks import (
     steps_since,
     unrecorded,
 )
+from controller.rehearse.run import Rehearsal, RehearseOptions, RehearseResult
 from controller.verify.load import LoadResult
 
 SHA_A = "a" * 64

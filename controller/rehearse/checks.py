@@ -9,7 +9,7 @@ The files of the run directory are the truth; this module reads them and never s
     rgt/job.json, rgt/supervisor.json   the processes the launcher started (Proc: pid + start time)
 
 The judges (judge_*) take what was read and return (ok, one-line detail); the orchestration in
-controller/rehearse.py decides when to read, and what to start or end. Nothing here imports onbox:
+controller/rehearse/run.py decides when to read, and what to start or end. Nothing here imports onbox:
 the few file shapes are read as JSON, the way any other reader of a run directory would.
 """
 from __future__ import annotations

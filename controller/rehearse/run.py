@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from controller.rehearse_checks import (
+from controller.rehearse.checks import (
     FAIL,
     HINTS,
     PASS,
