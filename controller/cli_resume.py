@@ -1,6 +1,6 @@
 """`rgt resume RUN --on HOST`: continue a run (preempted, or its box gone) on another box.
 
-A thin command over controller.resume: plan, print the plan (and stop there with --dry-run), ask
+A thin command over controller.resume.plan: plan, print the plan (and stop there with --dry-run), ask
 (the command, its cwd and its Python run on HOST with HOST's secrets: `--yes` answers for scripts,
 and without a terminal or with --json nothing runs without it), push and launch, start the watcher
 as `rgt launch` does.
@@ -14,9 +14,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import click
 
-from controller import render, resume
+from controller import render
 from controller.box.ssh import SshError
 from controller.clibase import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, emit_json
+from controller.resume import plan as resume
 from controller.store.db import Store
 from controller.wake.policy import number, size
 

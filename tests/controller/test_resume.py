@@ -1,4 +1,4 @@
-"""controller.resume, `rgt resume` and the history in `rgt status`, against a real store and real files.
+"""controller.resume.plan, `rgt resume` and the history in `rgt status`, against a real store and real files.
 
 The new box is host `local` (this machine, no ssh), so the plan's questions to the box (where runs
 live, whether the cwd and a durable copy exist) run for real; the push is tested through LocalShell
@@ -15,9 +15,10 @@ from typing import Any, Dict, List, Optional, Sequence
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli, resume
+from controller import cli
 from controller.box.ssh import LocalShell
-from controller.resume import Checkpoint, Finder, Options, ResumeError
+from controller.resume import plan as resume
+from controller.resume.plan import Checkpoint, Finder, Options, ResumeError
 from controller.runs import status
 from controller.store.db import Store
 from protocol import Event

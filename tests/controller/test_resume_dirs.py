@@ -14,9 +14,9 @@ from typing import Any, Dict, List
 
 import pytest
 
-from controller import resume
 from controller.box.ssh import LocalShell
-from controller.resume import Options
+from controller.resume import plan as resume
+from controller.resume.plan import Options
 from controller.store.db import Store
 from onbox import ckptunits, manifest
 from protocol import Event

@@ -23,8 +23,10 @@ from click.testing import CliRunner, Result
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller import cli, cli_resume, resume, resume_command
-from controller.resume import Options, ResumeError
+from controller import cli, cli_resume
+from controller.resume import command as resume_command
+from controller.resume import plan as resume
+from controller.resume.plan import Options, ResumeError
 from controller.store.db import Store
 from onbox.redact import redact_argv
 from protocol import PACKAGE_VERSION

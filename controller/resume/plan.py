@@ -3,7 +3,7 @@
     plan = make_plan(store, run, host, Options())   # reads the store and pulls, asks HOST two questions
     answer = execute(store, plan)                    # push, launch, record the lineage
 
-1. What to run (controller/resume_command.py): the command given after `--`, else the one the
+1. What to run (controller/resume/command.py): the command given after `--`, else the one the
    laptop recorded at launch, never the one the old box's run.json or hello names (that one is
    shown when it differs); with no laptop record and none given, the resume is refused. The old
    run's run.json (from its newest pull, else the store's metadata, else the old box) gives only
@@ -55,7 +55,7 @@ from controller.install import onbox as install
 from controller.install.onbox import LOCAL, InstallError
 from controller.output import error_tail, last_json_object
 from controller.pull.stage import sha256_of
-from controller.resume_command import (
+from controller.resume.command import (
     ResumeError,
     What,
     box_notes,
