@@ -34,15 +34,15 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from controller import catalog, explain  # noqa: E402
+from controller.insight import catalog, explain  # noqa: E402
 
 COLD_CODE = """
 import json, time
 t0 = time.perf_counter()
-from controller.catalog import default_catalog
+from controller.insight.catalog import default_catalog
 cat = default_catalog()
 t1 = time.perf_counter()
-from controller.explain import default_index
+from controller.insight.explain import default_index
 default_index()
 t2 = time.perf_counter()
 print(json.dumps({"load_s": t1 - t0, "index_s": t2 - t1, "entries": len(cat.entries)}))

@@ -1,6 +1,6 @@
 """`rgt explain`: what a problem means, why it happens and what to do, from the symptom catalog.
 
-A thin command over controller.explain: parse the words, answer, render. Three ways in:
+A thin command over controller.insight.explain: parse the words, answer, render. Three ways in:
 
     rgt explain gpu.xid code=79      an event kind, optionally with event data (`xid 79` for short)
     rgt explain nan-fp16-overflow    an entry id
@@ -15,9 +15,9 @@ from typing import List, Sequence
 
 import click
 
-from controller import explain
-from controller.catalog import default_catalog
 from controller.clibase import JSON_OPTION, CliError, RgtCommand, emit_json
+from controller.insight import explain
+from controller.insight.catalog import default_catalog
 from controller.render import printable
 
 WIDTH = 100

@@ -1,7 +1,7 @@
 """`rgt reconcile DOC`: check the numbers a write-up claims against the run's evidence.
 
-A thin command over controller.reconcile.reconcile (the rules are in its docstring and in
-controller.reconcile_doc's). People get one table line per claim, the evidence nobody claimed,
+A thin command over controller.insight.reconcile.reconcile (the rules are in its docstring and in
+controller.insight.claims_doc's). People get one table line per claim, the evidence nobody claimed,
 and a count; `--json` prints the whole report as one JSON object. Exit codes: 0 no drift,
 1 a claimed number drifted (or, with --strict, a claim is unbacked or there is no claim at all),
 2 usage.
@@ -16,7 +16,7 @@ import click
 
 from controller import render
 from controller.clibase import JSON_OPTION, CliError, RgtCommand, emit_json
-from controller.reconcile import Finding, ReconcileError, Report, Value, reconcile
+from controller.insight.reconcile import Finding, ReconcileError, Report, Value, reconcile
 
 
 def _num(x: float) -> str:

@@ -26,10 +26,10 @@ import click
 import protocol
 
 from controller import paths
-from controller.catalog import CatalogError
 from controller.clibase import CliError, RgtCommand, emit_json, sigterm_as_interrupt
 from controller.errors import StoreCorrupt
-from controller.explain import entry_for_event
+from controller.insight.catalog import CatalogError
+from controller.insight.explain import entry_for_event
 from controller.render import printable
 from controller.runs import group_status as status_group
 from controller.runs import groups, life

@@ -1,4 +1,5 @@
-"""controller.catalog: the packaged symptom catalog is complete, and a broken one is refused clearly."""
+"""controller.insight.catalog: the packaged symptom catalog is complete, and a broken one is refused
+clearly."""
 from __future__ import annotations
 
 import json
@@ -7,9 +8,9 @@ from typing import Dict
 
 import pytest
 
-from controller import catalog
-from controller.catalog import CatalogError, parse
-from controller.explain import entry_for_event
+from controller.insight import catalog
+from controller.insight.catalog import CatalogError, parse
+from controller.insight.explain import entry_for_event
 from protocol import kinds as protocol_kinds
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,8 +15,8 @@ from click.testing import CliRunner, Result
 from controller.box.ssh import LocalShell
 from controller.cli_compare import compare_command
 from controller.clibase import RgtGroup
-from controller.compare import command_items, compare
-from controller.compare_load import load_dir, load_remote, parse_metrics, read_flat_yaml
+from controller.insight.compare import command_items, compare
+from controller.insight.runfacts import load_dir, load_remote, parse_metrics, read_flat_yaml
 from controller.store.db import Store
 from onbox.fingerprint import write_fingerprint
 from tests.sshbox import SshBox, sshbox  # noqa: F401  (the fixture)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List
 
-from controller.compare import MIN_SEEDS, NOT_ENOUGH
+from controller.insight.compare import MIN_SEEDS, NOT_ENOUGH
 from tests.controller.test_compare import TRAIN, losses, make_run, report_of, rgt
 
 

@@ -1,4 +1,5 @@
-"""controller.explain and `rgt explain`: the scorer, event -> entry, the command, and `rgt watch`'s entry."""
+"""controller.insight.explain and `rgt explain`: the scorer, event -> entry, the command, and `rgt watch`'s
+entry."""
 from __future__ import annotations
 
 import json
@@ -9,11 +10,12 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli_watch, explain
-from controller.catalog import default_catalog
+from controller import cli_watch
 from controller.cli_explain import explain_command
 from controller.clibase import RgtGroup
-from controller.explain import entry_for_event, parse_query, tokenize
+from controller.insight import explain
+from controller.insight.catalog import default_catalog
+from controller.insight.explain import entry_for_event, parse_query, tokenize
 from controller.store.db import Store
 from protocol import Event
 

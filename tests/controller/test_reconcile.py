@@ -1,4 +1,4 @@
-"""`rgt reconcile`: claims in Markdown and LaTeX against a run's evidence (controller.reconcile*).
+"""`rgt reconcile`: claims in Markdown and LaTeX against a run's evidence (controller.insight.reconcile*).
 
 The documents under data/reconcile/ carry planted drifts; the evidence is a real run directory
 written here (metrics.jsonl, an eval JSON, a config that must be skipped, rgt/PULL_VERIFIED.json).
@@ -15,7 +15,8 @@ from click.testing import CliRunner, Result
 
 from controller.cli_reconcile import reconcile_command
 from controller.clibase import RgtGroup
-from controller.reconcile import (
+from controller.insight.claims_doc import Claim, claims_in
+from controller.insight.reconcile import (
     Evidence,
     ReconcileError,
     Report,
@@ -25,7 +26,6 @@ from controller.reconcile import (
     load_evidence,
     reconcile,
 )
-from controller.reconcile_doc import Claim, claims_in
 
 DATA = Path(__file__).parent / "data" / "reconcile"
 MD = DATA / "results.md"

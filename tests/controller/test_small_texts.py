@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 import profiles
-from controller import catalog
 from controller.box.ssh import HostKeyChanged, HostKeyUnknown, Ssh, Unreachable, classify
+from controller.insight import catalog
 from controller.runs import status
 from controller.store.db import Store
 from controller.teardown import deadman as ctl

@@ -26,7 +26,7 @@ import math
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from controller.catalog import Catalog, Entry, default_catalog, known_kinds
+from controller.insight.catalog import Catalog, Entry, default_catalog, known_kinds
 
 K1 = 1.2
 B = 0.75

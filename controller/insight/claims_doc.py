@@ -2,14 +2,14 @@
 
     claims = read_claims(Path("paper/results.tex"))   # [Claim(line, col, metric, shown, ...)]
 
-controller.reconcile compares them with the evidence; this module only reads, by rules a person
+controller.insight.reconcile compares them with the evidence; this module only reads, by rules a person
 can predict.
 
 Where: a `.tex`/`.latex` file is LaTeX, anything else Markdown (plain text is Markdown without
 markup). Blanked first, columns kept: fenced code, inline `code`, HTML comments, link targets
 (Markdown); `%` comments, verbatim/lstlisting/minted, `\\verb`, the arguments of \\ref, \\cite,
 \\label, \\url... (LaTeX); bare URLs. How numbers, metric names, prose claims and their context
-are read: controller/reconcile_text.py.
+are read: controller/insight/claims_text.py.
 
 Tables: Markdown (header row, `|---|` row, body rows) and LaTeX tabular, tabular*, tabularx,
 longtable, array (rows end at `\\\\`, cells at `&`, `\\multicolumn{n}` spans n columns; a header
@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from controller.reconcile_text import (
+from controller.insight.claims_text import (
     Claim,
     Doc,
     Mention,

@@ -2,7 +2,7 @@
 
 Each entry names a problem (title), how people describe it (symptoms), what our events and the box
 show (signals), the root cause and the fix, and the event kinds it belongs to. `rgt explain` ranks
-entries (controller.explain); `rgt watch` attaches the best entry's id to a material event.
+entries (controller.insight.explain); `rgt watch` attaches the best entry's id to a material event.
 
 Validation is strict so that a typo in the data fails the tests, not a person at 3 a.m.: unknown
 keys are refused, every message names the entry id and the key, kinds must be ones the protocol (or

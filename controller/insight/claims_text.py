@@ -1,6 +1,6 @@
 """Reading claims out of cleaned text: metric names, numbers, prose, and what a claim is.
 
-controller/reconcile_doc.py cleans a document and reads its tables; this module holds the pieces
+controller/insight/claims_doc.py cleans a document and reads its tables; this module holds the pieces
 both it and the prose reader use: METRICS, `numbers`, `mentions`, `Claim`, `Doc`, `prose_claims`.
 
 Metric names come from METRICS: how documents write each (`acc`, `Top-1`, `mAP@0.5`, `F1`,
@@ -25,7 +25,7 @@ of 32.1/0.89`, `precision and recall are 0.81 and 0.77`); unequal counts claim n
 
 Context: each claim keeps the words of its clause (prose: from the previous claim's clause to
 the next `,` `;` `and` or sentence end after its number) or of its header and row label (table);
-controller.reconcile picks among evidence keys with them (`val` vs `test`, `Set5` vs `Set14`).
+controller.insight.reconcile picks among evidence keys with them (`val` vs `test`, `Set5` vs `Set14`).
 `step N`/`epoch N`/`iter N` (`5k` = 5000) there, or a `Step`/`Epoch` column, names the step the
 claim is about; `best` there asks for the best value.
 """

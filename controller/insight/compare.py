@@ -2,7 +2,7 @@
 
     compare(a, b, metric=None, step=None) -> report (a dict; what `rgt compare --json` prints)
 
-The runs' facts come from controller/compare_load.py: run.json (command, git, environment names,
+The runs' facts come from controller/insight/runfacts.py: run.json (command, git, environment names,
 profile), rgt/fingerprint.json (config files, seed and determinism settings, packages, GPU; written
 by onbox/fingerprint.py at launch) and rgt/preflight.json. Every difference found is a row
 (section, name, A's value, B's value) and names the *variable* it belongs to: one thing a person
@@ -41,7 +41,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from controller.compare_load import RunFacts, config_keys
+from controller.insight.runfacts import RunFacts, config_keys
 
 SEED = "seed"
 MIN_SEEDS = 3      # seeds a group needs at one step before it estimates a seed-to-seed spread

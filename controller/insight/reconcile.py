@@ -3,8 +3,8 @@
     report = reconcile(Path("README.md"), [Path("runs/r1")], tolerance=0.0)
     report.drifted, report.unbacked, report.matched, report.missing
 
-controller.reconcile_doc finds the claims (line, column, metric, the number as shown; the readers
-of numbers and prose are in controller.reconcile_text); this module loads the evidence and
+controller.insight.claims_doc finds the claims (line, column, metric, the number as shown; the readers
+of numbers and prose are in controller.insight.claims_text); this module loads the evidence and
 compares. It reports and never edits. Unlike the script it replaces (a hand-written EVIDENCE.json
 of claims, relative tolerance), the evidence is the run's own files and the tolerance is the
 precision each number is shown with.
@@ -55,9 +55,9 @@ import re
 from pathlib import Path
 from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Sequence, Set, Tuple
 
+from controller.insight.claims_doc import read_claims
+from controller.insight.claims_text import METRIC_BY_NAME, METRICS, Claim, Metric, words
 from controller.jsonl import objects
-from controller.reconcile_doc import read_claims
-from controller.reconcile_text import METRIC_BY_NAME, METRICS, Claim, Metric, words
 
 VERIFIED_NAME = "PULL_VERIFIED.json"
 VERIFIED_SCHEMA = "rgt.pull_verified"
