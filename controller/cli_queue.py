@@ -39,7 +39,7 @@ class QueueGroup(RgtGroup):
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
-    from controller.cli_watch import parse_duration
+    from controller.clibase import parse_duration
 
     try:
         return None if value is None else parse_duration(value)

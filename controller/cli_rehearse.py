@@ -13,8 +13,14 @@ from typing import Optional, Sequence
 import click
 
 from controller import render
-from controller.cli_watch import parse_duration
-from controller.clibase import JSON_OPTION, CliError, RgtCommand, emit_json, sigterm_as_interrupt
+from controller.clibase import (
+    JSON_OPTION,
+    CliError,
+    RgtCommand,
+    emit_json,
+    parse_duration,
+    sigterm_as_interrupt,
+)
 from controller.rehearse.checks import Stage
 from controller.rehearse.run import Rehearsal, RehearseOptions, RehearseResult
 

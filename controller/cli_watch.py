@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import shlex
 from pathlib import Path
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
@@ -26,7 +25,7 @@ import click
 import protocol
 
 from controller import paths
-from controller.clibase import CliError, RgtCommand, emit_json, sigterm_as_interrupt
+from controller.clibase import CliError, RgtCommand, emit_json, parse_duration, sigterm_as_interrupt
 from controller.errors import StoreCorrupt
 from controller.insight.catalog import CatalogError
 from controller.insight.explain import entry_for_event
@@ -42,17 +41,7 @@ from controller.wake.watch import WatchResult, watch
 
 log = logging.getLogger(__name__)
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$")
-_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 DEFAULT_TIMEOUT = "6h"
-
-
-def parse_duration(text: str) -> float:
-    """90, 90s, 15m, 6h, 1d (and 1.5h) as seconds; ValueError otherwise."""
-    m = _DURATION.match(text or "")
-    if not m:
-        raise ValueError(f"{text!r} is not a duration (like 90, 90s, 15m, 6h, 1d)")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
@@ -446,5 +435,5 @@ def policy_command(run: Optional[str], default: bool, add: Sequence[str], mute: 
         click.echo(_show(scope, layer, effective))
 
 
-__all__ = ["needs_watcher", "parse_duration", "plot_command", "policy_command", "status_command",
+__all__ = ["needs_watcher", "plot_command", "policy_command", "status_command",
            "watch_command"]

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -27,6 +28,18 @@ import click
 
 from controller import render
 from controller.store.db import StoreError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """90, 90s, 15m, 6h, 1d (and 1.5h) as seconds; ValueError otherwise."""
+    m = _DURATION.match(text or "")
+    if not m:
+        raise ValueError(f"{text!r} is not a duration (like 90, 90s, 15m, 6h, 1d)")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli_watch
+from controller import cli_watch, clibase
 from controller.clibase import RgtGroup
 from controller.store.db import Store
 from controller.wake.watch import WatchResult, live_runs, watch
@@ -364,11 +364,11 @@ def test_the_command_with_json_and_a_timeout(store: Store) -> None:
 
 
 def test_durations() -> None:
-    parse: Callable[[str], float] = cli_watch.parse_duration
+    parse: Callable[[str], float] = clibase.parse_duration
     assert [parse(t) for t in ("90", "90s", "15m", "6h", "1d", "1.5h")] == [90, 90, 900, 21600, 86400, 5400]
     with pytest.raises(ValueError):
         parse("-5m")
-    assert cli_watch.parse_duration(" 2m ") == 120
+    assert clibase.parse_duration(" 2m ") == 120
 
 
 def test_help_states_the_exit_codes() -> None:
