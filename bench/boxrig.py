@@ -35,7 +35,7 @@ class BoxRig:
         self.box = SshBox(self.root)
         self.home = self.root / "rgt-home"
         self.env = {**os.environ, "RGT_HOME": str(self.home), "PYTHONPATH": str(REPO)}
-        self.rgt = [sys.executable, "-m", "controller.cli"]
+        self.rgt = [sys.executable, "-m", "controller.cli.main"]
         self.runs: List[Tuple[str, Path]] = []
 
     def __enter__(self) -> BoxRig:

@@ -8,7 +8,7 @@ tests/controller/test_explain.py, loaded from that file (not copied). Measured h
 - a free-text query in-process (parse_query + answer, the command's path without rendering), over
   every description x --repeats, p50/p99;
 - `rgt explain "..."` end to end as a subprocess (what a person waits for), p50 of --cold runs,
-  next to a bare `python -c pass` (the interpreter's own start) and `import controller.cli`;
+  next to a bare `python -c pass` (the interpreter's own start) and `import controller.cli.main`;
 - top-1 and top-3 hit rates over the descriptions (the index's search, as the test does);
 - entry_for_event for a few event kinds, p50/p99 over --calls calls each.
 
@@ -92,10 +92,10 @@ def cold(runs: int, env: Dict[str, str], first: str) -> Dict[str, Any]:
         index.append(doc["index_s"])
         entries = doc["entries"]
     rgt = Path(sys.executable).parent / "rgt"
-    cmd = [str(rgt)] if rgt.exists() else [sys.executable, "-m", "controller.cli"]
-    walls: Dict[str, List[float]] = {"python -c pass": [], "python -c 'import controller.cli'": [],
+    cmd = [str(rgt)] if rgt.exists() else [sys.executable, "-m", "controller.cli.main"]
+    walls: Dict[str, List[float]] = {"python -c pass": [], "python -c 'import controller.cli.main'": [],
                                      f'rgt explain "{first[:30]}..."': [], "rgt explain xid 79": []}
-    argvs = ([sys.executable, "-c", "pass"], [sys.executable, "-c", "import controller.cli"],
+    argvs = ([sys.executable, "-c", "pass"], [sys.executable, "-c", "import controller.cli.main"],
              [*cmd, "explain", first], [*cmd, "explain", "xid", "79"])
     codes = set()
     for _ in range(runs):

@@ -63,7 +63,7 @@ class Rig:
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="rgtbench-fw-", dir="/tmp"))
         self.env = {**os.environ, "RGT_HOME": str(self.root / "rgt-home"), "PYTHONPATH": str(REPO)}
-        self.rgt = [sys.executable, "-m", "controller.cli"]
+        self.rgt = [sys.executable, "-m", "controller.cli.main"]
         self.runs: List[str] = []
 
     def call(self, *args: str, cwd: Optional[Path] = None, check: bool = True,

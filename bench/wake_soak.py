@@ -155,7 +155,7 @@ class Rig:
         self.env = {**os.environ, "HOME": str(self.box_home), "RGT_HOME": str(root / "rgt-home"),
                     "PYTHONPATH": str(REPO), "RGT_DEADMAN_TIMESCALE": f"{SCALE:g}",
                     "RGT_DEADMAN_TICK_S": "0.5", "RGT_DEADMAN_RENEW_S": "1000000"}
-        self.rgt = [sys.executable, "-m", "controller.cli"]
+        self.rgt = [sys.executable, "-m", "controller.cli.main"]
         self.boxrig: Optional[BoxRig] = None
 
     def call(self, *args: str, check: bool = True,

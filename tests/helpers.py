@@ -40,7 +40,7 @@ def onbox_cmd(*args: str) -> List[str]:
 
 
 def rgt_cmd(*args: str) -> List[str]:
-    return [sys.executable, "-m", "controller.cli", *args]
+    return [sys.executable, "-m", "controller.cli.main", *args]
 
 
 class SidecarProcess:

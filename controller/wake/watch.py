@@ -8,7 +8,7 @@
      3  the timeout passed with nothing material
      4  the link stayed down past the policy's link budget: the transport is
         down, which says nothing about the job
-(the command adds 2 usage, 5 store unusable, 1 internal error, 130 interrupted: controller.cli_watch)
+(the command adds 2 usage, 5 store unusable, 1 internal error, 130 interrupted: controller.cli.watch)
 
 How a job exit ends a run is controller.runs.life's verdict: a stop rgt was asked for (the laptop's
 run.stop_requested, or the box's stop_requested) is "stopped", not a failure, whatever the

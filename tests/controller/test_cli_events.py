@@ -17,7 +17,7 @@ from typing import IO, Any, Iterator, List, Optional
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli
+from controller.cli import main as cli
 from controller.store import events
 from controller.store.db import SCHEMA_VERSION, Store
 from protocol import Event, decode_event
@@ -270,7 +270,7 @@ def test_follow_process_streams_new_events_and_exits_0_on_signal(
     if sig == signal.SIGINT and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         pytest.skip("SIGINT is ignored in this session, and so in the child")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "controller.cli", "events", "train-abc", "--follow", "--json"],
+        [sys.executable, "-m", "controller.cli.main", "events", "train-abc", "--follow", "--json"],
         cwd=REPO, env=dict(os.environ), text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from controller import cli
+from controller.cli import main as cli
 from tests.helpers import REPO
 
 
@@ -21,12 +21,12 @@ def test_every_lazy_command_resolves_to_the_command_of_that_name() -> None:
 
 
 def test_rgt_explain_does_not_import_install_pull_or_rehearse() -> None:
-    probe = ("import sys\nfrom controller import cli\n"
+    probe = ("import sys\nfrom controller.cli import main as cli\n"
              "try:\n    cli.main(['explain', 'nan-loss', '--top', '1'])\nexcept SystemExit:\n    pass\n"
              "print(sorted(m for m in sys.modules if m.startswith('controller.')))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
                          timeout=60, check=True).stdout.strip().splitlines()[-1]
     loaded = set(ast.literal_eval(out))  # a list printed by the child
-    assert "controller.cli_explain" in loaded
+    assert "controller.cli.explain" in loaded
     assert not loaded & {"controller.install.onbox", "controller.pull.fetch", "controller.rehearse.run",
                          "controller.wake.watch"}

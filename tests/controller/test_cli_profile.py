@@ -1,4 +1,4 @@
-"""`rgt profile list|show|stale` through click, inside an RgtGroup as controller/cli.py attaches it."""
+"""`rgt profile list|show|stale` through click, inside an RgtGroup as controller/cli/main.py attaches it."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 import profiles
-from controller.cli_profile import profile_group
-from controller.clibase import RgtGroup
+from controller.cli.base import RgtGroup
+from controller.cli.profile import profile_group
 
 GOOD = '''name = "{name}"
 kind = "ssh-rental"

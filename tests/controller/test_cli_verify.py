@@ -1,4 +1,4 @@
-"""`rgt verify RUN_DIR` through click, inside an RgtGroup as controller/cli.py will attach it."""
+"""`rgt verify RUN_DIR` through click, inside an RgtGroup as controller/cli/main.py will attach it."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ from typing import Any, List
 import pytest
 from click.testing import CliRunner, Result
 
-from controller.cli_verify import verify_command
-from controller.clibase import RgtGroup
+from controller.cli.base import RgtGroup
+from controller.cli.verify import verify_command
 from controller.verify import load as verify_load
 from controller.verify import units as verify_units
 from tests.controller.verifykit import MANIFEST, VERIFIED, entries_of, make_run, write_manifest

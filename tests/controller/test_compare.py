@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from controller.box.ssh import LocalShell
-from controller.cli_compare import compare_command
-from controller.clibase import RgtGroup
+from controller.cli.base import RgtGroup
+from controller.cli.compare import compare_command
 from controller.insight.compare import command_items, compare
 from controller.insight.runfacts import load_dir, load_remote, parse_metrics, read_flat_yaml
 from controller.store.db import Store

@@ -14,7 +14,7 @@ from typing import IO, Any, Dict, List, Tuple
 
 from click.testing import CliRunner, Result
 
-from controller import cli
+from controller.cli import main as cli
 from controller.runs import eventlog
 from controller.store.db import Store
 from protocol import Event
@@ -136,7 +136,7 @@ def test_following_merges_what_lands_from_both_sources(home: Path) -> None:
 def test_a_follower_process_prints_controller_events_as_they_are_recorded(home: Path) -> None:
     with Store.open() as s:
         populate(s)
-    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "events", RUN, "--follow", "--json"],
+    proc = subprocess.Popen([sys.executable, "-m", "controller.cli.main", "events", RUN, "--follow", "--json"],
                             cwd=REPO, env=dict(os.environ), text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     try:

@@ -10,9 +10,9 @@ from typing import Any, Dict, Iterator, List, Tuple
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli_watch
-from controller.cli_explain import explain_command
-from controller.clibase import RgtGroup
+from controller.cli import watch as cli_watch
+from controller.cli.base import RgtGroup
+from controller.cli.explain import explain_command
 from controller.insight import explain
 from controller.insight.catalog import default_catalog
 from controller.insight.explain import entry_for_event, parse_query, tokenize
@@ -221,7 +221,7 @@ def test_kind_queries_put_what_the_data_picks_first() -> None:
 
 
 def run_explain(args: List[str]) -> Result:
-    rgt = RgtGroup("rgt")   # how controller/cli.py serves the command: error:/hint: lines, exit codes
+    rgt = RgtGroup("rgt")   # how controller/cli/main.py serves the command: error:/hint: lines, exit codes
     rgt.add_command(explain_command)
     try:
         runner = CliRunner(mix_stderr=False)  # type: ignore[call-arg]  # click 8.1

@@ -12,7 +12,9 @@ from typing import Any, Iterator, List, Optional
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli_runs, cli_track, cli_watch
+from controller.cli import runs as cli_runs
+from controller.cli import track as cli_track
+from controller.cli import watch as cli_watch
 from controller.follow.watcher import Watcher
 from controller.runs import groups
 from controller.store.db import LocalEvent, Store

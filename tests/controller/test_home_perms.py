@@ -45,7 +45,7 @@ def made_by_another(path: Path, uid: int, perms: int = 0o777) -> Path:
 
 def rgt(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RGT_HOME": str(home), "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "controller.cli", *args], env=env, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "controller.cli.main", *args], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 

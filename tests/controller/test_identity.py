@@ -18,10 +18,11 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
-from controller import cli, paths
+from controller import paths
 from controller.box import jobs as boxes
 from controller.box.jobs import BoxError
 from controller.box.trust import Untrusted
+from controller.cli import main as cli
 from controller.follow import watcher
 from controller.follow.subscriber import Subscriber, SubscriberRefused
 from controller.follow.watcher import LocalLink, SshLink, Watcher, WatchRefused, _finished

@@ -21,8 +21,8 @@ from click.testing import CliRunner, Result
 
 from controller.box import probe as boxprobe
 from controller.box.ssh import LocalShell
-from controller.cli_box import install_command, secret_group
-from controller.clibase import RgtGroup
+from controller.cli.base import RgtGroup
+from controller.cli.box import install_command, secret_group
 from controller.install import build
 from controller.install.onbox import (
     InstallError,
@@ -54,7 +54,7 @@ BOX_DEPS = {"pyzmq", "psutil", "nvidia-ml-py", "watchdog", "click", "py-spy"}  #
 
 @click.group(cls=RgtGroup)
 def rgt() -> None:
-    """The two commands under a root group, as controller/cli.py adds them."""
+    """The two commands under a root group, as controller/cli/main.py adds them."""
 
 
 rgt.add_command(install_command)

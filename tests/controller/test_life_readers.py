@@ -15,8 +15,8 @@ from typing import Any, Iterator, List, Optional
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli
 from controller.box import jobs as boxes
+from controller.cli import main as cli
 from controller.queue import model as q
 from controller.runs import group_status as status_group
 from controller.runs import groups, life, status

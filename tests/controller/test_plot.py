@@ -8,8 +8,8 @@ from typing import Any, Iterator
 import pytest
 from click.testing import CliRunner
 
-from controller import cli_watch
-from controller.clibase import RgtGroup
+from controller.cli import watch as cli_watch
+from controller.cli.base import RgtGroup
 from controller.runs import plot
 from controller.store.db import Store
 from protocol import Event

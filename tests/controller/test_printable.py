@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import protocol
-from controller import clibase
+from controller.cli import base as clibase
 from controller.install import onbox as install
 from controller.output import error_tail
 from controller.render import json_line, json_safe, printable, printable_lines, table_row

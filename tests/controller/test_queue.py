@@ -14,8 +14,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli
 from controller.box.jobs import BoxError
+from controller.cli import main as cli
 from controller.queue import dispatch as queuerun
 from controller.queue import model as q
 from controller.queue.dispatch import Dispatcher

@@ -13,8 +13,8 @@ from typing import Any, List, Set, Tuple
 import pytest
 from click.testing import CliRunner, Result
 
-from controller.cli_reconcile import reconcile_command
-from controller.clibase import RgtGroup
+from controller.cli.base import RgtGroup
+from controller.cli.reconcile import reconcile_command
 from controller.insight.claims_doc import Claim, claims_in
 from controller.insight.reconcile import (
     Evidence,

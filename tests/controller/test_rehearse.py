@@ -18,8 +18,8 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli
-from controller.cli_rehearse import render_result
+from controller.cli import main as cli
+from controller.cli.rehearse import render_result
 from controller.rehearse.checks import (
     Ending,
     Journal,

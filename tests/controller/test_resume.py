@@ -15,8 +15,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli
 from controller.box.ssh import LocalShell
+from controller.cli import main as cli
 from controller.resume import plan as resume
 from controller.resume.plan import Checkpoint, Finder, Options, ResumeError
 from controller.runs import status
@@ -354,7 +354,7 @@ def test_status_shows_one_history_from_either_end(store: Store) -> None:
 def test_runs_marks_a_resumed_run(store: Store) -> None:
     from click.testing import CliRunner
 
-    from controller import cli_runs
+    from controller.cli import runs as cli_runs
 
     store.upsert_run("a", host="b1", target="h1")
     store.upsert_run("b", host="b2", target="h2")

@@ -23,7 +23,8 @@ from click.testing import CliRunner, Result
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller import cli, cli_resume
+from controller.cli import main as cli
+from controller.cli import resume as cli_resume
 from controller.resume import command as resume_command
 from controller.resume import plan as resume
 from controller.resume.plan import Options, ResumeError

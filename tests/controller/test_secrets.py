@@ -14,8 +14,8 @@ from click.testing import CliRunner, Result
 
 from controller.box import secrets
 from controller.box.ssh import Ssh
-from controller.cli_box import secret_group
-from controller.clibase import RgtGroup
+from controller.cli.base import RgtGroup
+from controller.cli.box import secret_group
 from controller.store.db import Store
 from tests.sshbox import SshBox, sshbox  # noqa: F401  (the fixture)
 
@@ -25,7 +25,7 @@ VALUE = "hf_s3cr3t 'quoted' \"double\" $(touch /tmp/pwned) `id` ;|&\n\u00fcnicod
 
 @click.group(cls=RgtGroup)
 def rgt() -> None:
-    """`secret` under a root group, as controller/cli.py adds it."""
+    """`secret` under a root group, as controller/cli/main.py adds it."""
 
 
 rgt.add_command(secret_group)

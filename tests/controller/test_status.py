@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterator, List
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli_watch
+from controller.cli import watch as cli_watch
 from controller.runs import status
 from controller.store.db import Store
 from protocol import Event

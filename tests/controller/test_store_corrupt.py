@@ -11,8 +11,8 @@ from typing import Any, Callable, Dict, List
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli_watch
-from controller.clibase import RgtGroup
+from controller.cli import watch as cli_watch
+from controller.cli.base import RgtGroup
 from controller.store.db import Store, StoreCorrupt
 from protocol import Event
 
@@ -127,7 +127,7 @@ def test_damaged_pages_are_reported_with_the_way_back(db: Path) -> None:
 
 
 def invoke(args: List[str]) -> Result:
-    rgt = RgtGroup("rgt")   # how controller/cli.py serves the commands
+    rgt = RgtGroup("rgt")   # how controller/cli/main.py serves the commands
     rgt.add_command(cli_watch.watch_command)
     rgt.add_command(cli_watch.status_command)
     try:

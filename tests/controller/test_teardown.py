@@ -20,8 +20,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import pytest
 from click.testing import CliRunner, Result
 
-from controller.cli_pull import teardown_command
-from controller.clibase import RgtGroup
+from controller.cli.base import RgtGroup
+from controller.cli.pull import teardown_command
 from controller.runs import life
 from controller.store.db import Store
 from controller.teardown import gate as teardown

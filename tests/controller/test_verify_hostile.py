@@ -17,8 +17,8 @@ import torch
 from click.testing import CliRunner, Result
 from safetensors.torch import save_file
 
-from controller.cli_verify import verify_command
-from controller.clibase import RgtGroup
+from controller.cli.base import RgtGroup
+from controller.cli.verify import verify_command
 from controller.teardown import gate as teardown
 from controller.verify import safetensors_header as stcheck
 from controller.verify import units as verify_units

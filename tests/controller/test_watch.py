@@ -11,8 +11,9 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli_watch, clibase
-from controller.clibase import RgtGroup
+from controller.cli import base as clibase
+from controller.cli import watch as cli_watch
+from controller.cli.base import RgtGroup
 from controller.store.db import Store
 from controller.wake.watch import WatchResult, live_runs, watch
 from protocol import Event
@@ -380,7 +381,7 @@ def test_help_states_the_exit_codes() -> None:
 
 
 def test_exit_codes_pass_through_the_rgt_group(store: Store) -> None:
-    rgt = RgtGroup("rgt")   # how controller/cli.py serves the command
+    rgt = RgtGroup("rgt")   # how controller/cli/main.py serves the command
     rgt.add_command(cli_watch.watch_command)
     store.apply(RUN, [ev(4, "train.nonfinite", "critical", **NAN)], 4)
     woke = CliRunner().invoke(rgt, ["watch", RUN, "--json"])

@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence
 import pytest
 from click.testing import CliRunner, Result
 
-from controller import cli_watch
-from controller.clibase import RgtGroup
+from controller.cli import watch as cli_watch
+from controller.cli.base import RgtGroup
 from controller.queue import model as queue
 from controller.runs import life
 from controller.store.db import Store
@@ -269,7 +269,7 @@ def test_all_waits_for_queue_cells_that_have_not_launched(store: Store) -> None:
 
 
 def invoke(args: List[str]) -> Result:
-    rgt = RgtGroup("rgt")   # how controller/cli.py serves the command
+    rgt = RgtGroup("rgt")   # how controller/cli/main.py serves the command
     rgt.add_command(cli_watch.watch_command)
     rgt.add_command(cli_watch.status_command)
     try:

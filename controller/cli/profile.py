@@ -21,7 +21,7 @@ import click
 import profiles
 
 from controller import render
-from controller.clibase import JSON_OPTION, CliError, RgtGroup, emit_json
+from controller.cli.base import JSON_OPTION, CliError, RgtGroup, emit_json
 
 _PASSING = "passing does not verify the facts: it only says each was checked within {months} months"
 

@@ -1,6 +1,6 @@
 """`rgt hosts`, `rgt launch`, `rgt runs`, `rgt stop`: boxes and the runs on them.
 
-The lead's wiring in controller/cli.py adds these commands to the `rgt` group.
+The lead's wiring in controller/cli/main.py adds these commands to the `rgt` group.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from controller.box import codesync
 from controller.box import jobs as boxes
 from controller.box.jobs import LOCAL, BoxError
 from controller.box.ssh import Ssh, SshError
-from controller.clibase import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, RgtGroup, emit_json
+from controller.cli.base import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, RgtGroup, emit_json
 from controller.install import onbox as install
 from controller.store.db import Store
 

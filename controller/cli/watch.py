@@ -1,7 +1,7 @@
 """`rgt watch`, `rgt status`, `rgt plot` and `rgt policy`: the commands that tell what a run does.
 
 Thin commands over controller.wake.watch, .status, .plot and .wake. They are not
-attached to the `rgt` group here; controller/cli.py adds them. `rgt watch`
+attached to the `rgt` group here; controller/cli/main.py adds them. `rgt watch`
 prints exactly one JSON line on stdout whatever its exit code (usage errors it
 detects itself included), always with exit, run, event, explain, next and entry,
 so an agent that runs it in the background can always parse why it woke:
@@ -25,7 +25,7 @@ import click
 import protocol
 
 from controller import paths
-from controller.clibase import CliError, RgtCommand, emit_json, parse_duration, sigterm_as_interrupt
+from controller.cli.base import CliError, RgtCommand, emit_json, parse_duration, sigterm_as_interrupt
 from controller.errors import StoreCorrupt
 from controller.insight.catalog import CatalogError
 from controller.insight.explain import entry_for_event

@@ -1,7 +1,7 @@
 """`rgt`: the controller's command line.
 
 Commands are thin: parse, call one function, render. Exit codes, errors and
-the shared options live in controller.clibase. Adding a command: decorate a
+the shared options live in controller.cli.base. Adding a command: decorate a
 function with `@main.command("name")` here, or write it in its own module as a
 `@click.command(cls=RgtCommand)` and name it in LAZY (imported when first used); reuse
 RUN_ARGUMENT / JSON_OPTION, raise StoreError or CliError for problems a person
@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 import click
 
 from controller import render
-from controller.clibase import (
+from controller.cli.base import (
     JSON_OPTION,
     RUN_ARGUMENT,
     CliError,
@@ -33,28 +33,28 @@ log = logging.getLogger(__name__)
 # Commands in their own modules, imported only when named (or listed by --help): `rgt explain`
 # and `rgt watch` start without loading pull, install, rehearse and the rest. name -> (module, attr)
 LAZY: Dict[str, Tuple[str, str]] = {
-    "hosts": ("controller.cli_runs", "hosts_group"),
-    "launch": ("controller.cli_runs", "launch_command"),
-    "runs": ("controller.cli_runs", "runs_command"),
-    "stop": ("controller.cli_runs", "stop_command"),
-    "watch": ("controller.cli_watch", "watch_command"),
-    "status": ("controller.cli_watch", "status_command"),
-    "plot": ("controller.cli_watch", "plot_command"),
-    "policy": ("controller.cli_watch", "policy_command"),
-    "install": ("controller.cli_box", "install_command"),
-    "secret": ("controller.cli_box", "secret_group"),
-    "verify": ("controller.cli_verify", "verify_command"),
-    "pull": ("controller.cli_pull", "pull_command"),
-    "teardown": ("controller.cli_pull", "teardown_command"),
-    "profile": ("controller.cli_profile", "profile_group"),
-    "deadman": ("controller.cli_deadman", "deadman_group"),
-    "rehearse": ("controller.cli_rehearse", "rehearse_command"),
-    "explain": ("controller.cli_explain", "explain_command"),
-    "reconcile": ("controller.cli_reconcile", "reconcile_command"),
-    "compare": ("controller.cli_compare", "compare_command"),
-    "track": ("controller.cli_track", "track_command"),
-    "resume": ("controller.cli_resume", "resume_command"),
-    "queue": ("controller.cli_queue", "queue_group"),
+    "hosts": ("controller.cli.runs", "hosts_group"),
+    "launch": ("controller.cli.runs", "launch_command"),
+    "runs": ("controller.cli.runs", "runs_command"),
+    "stop": ("controller.cli.runs", "stop_command"),
+    "watch": ("controller.cli.watch", "watch_command"),
+    "status": ("controller.cli.watch", "status_command"),
+    "plot": ("controller.cli.watch", "plot_command"),
+    "policy": ("controller.cli.watch", "policy_command"),
+    "install": ("controller.cli.box", "install_command"),
+    "secret": ("controller.cli.box", "secret_group"),
+    "verify": ("controller.cli.verify", "verify_command"),
+    "pull": ("controller.cli.pull", "pull_command"),
+    "teardown": ("controller.cli.pull", "teardown_command"),
+    "profile": ("controller.cli.profile", "profile_group"),
+    "deadman": ("controller.cli.deadman", "deadman_group"),
+    "rehearse": ("controller.cli.rehearse", "rehearse_command"),
+    "explain": ("controller.cli.explain", "explain_command"),
+    "reconcile": ("controller.cli.reconcile", "reconcile_command"),
+    "compare": ("controller.cli.compare", "compare_command"),
+    "track": ("controller.cli.track", "track_command"),
+    "resume": ("controller.cli.resume", "resume_command"),
+    "queue": ("controller.cli.queue", "queue_group"),
 }
 
 

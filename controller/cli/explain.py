@@ -15,7 +15,7 @@ from typing import List, Sequence
 
 import click
 
-from controller.clibase import JSON_OPTION, CliError, RgtCommand, emit_json
+from controller.cli.base import JSON_OPTION, CliError, RgtCommand, emit_json
 from controller.insight import explain
 from controller.insight.catalog import default_catalog
 from controller.render import printable

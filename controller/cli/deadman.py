@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterator, Optional
 
 import click
 
-from controller.clibase import JSON_OPTION, CliError, RgtGroup, emit_json
+from controller.cli.base import JSON_OPTION, CliError, RgtGroup, emit_json
 from controller.store.db import Store
 from controller.teardown import deadman
 

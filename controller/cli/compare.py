@@ -1,6 +1,6 @@
 """`rgt compare RUN_A RUN_B`: what differs between two runs, and their metrics at the same step.
 
-A thin command over controller.insight.compare; controller/cli.py attaches it. RUN_A and RUN_B are each
+A thin command over controller.insight.compare; controller/cli/main.py attaches it. RUN_A and RUN_B are each
 a run directory on this machine (a local run, or a copy `rgt pull` made) or a run name (or unique
 prefix) in the store. People get a table of differences, a table of metrics and `warning:` lines
 on stderr; `--json` prints the report as one JSON object. Exit codes: 0 compared (with or without
@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import click
 
 from controller import render
-from controller.clibase import JSON_OPTION, CliError, RgtCommand, emit_json
+from controller.cli.base import JSON_OPTION, CliError, RgtCommand, emit_json
 from controller.insight.compare import compare, iter_rows
 from controller.insight.runfacts import CompareError, RunFacts, Shell, load_dir, load_stored
 from controller.store.db import Store

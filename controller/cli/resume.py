@@ -16,7 +16,7 @@ import click
 
 from controller import render
 from controller.box.ssh import SshError
-from controller.clibase import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, emit_json
+from controller.cli.base import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, emit_json
 from controller.resume import plan as resume
 from controller.store.db import Store
 from controller.wake.policy import number, size

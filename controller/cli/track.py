@@ -16,7 +16,7 @@ import click
 
 from controller import render
 from controller.box.ssh import SshError
-from controller.clibase import JSON_OPTION, CliError, RgtCommand, emit_json
+from controller.cli.base import JSON_OPTION, CliError, RgtCommand, emit_json
 from controller.install import onbox as install
 from controller.output import error_tail
 from controller.runs import groups

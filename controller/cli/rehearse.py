@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import click
 
 from controller import render
-from controller.clibase import (
+from controller.cli.base import (
     JSON_OPTION,
     CliError,
     RgtCommand,

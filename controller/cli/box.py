@@ -1,7 +1,7 @@
 """`rgt install HOST` and `rgt secret push|list|rm`: what a box needs before a launch.
 
 Thin commands: parse, call controller.install.onbox / controller.box.secrets, render. Progress goes to
-stderr, results to stdout (`--json`: one object). Added to the `rgt` group in controller/cli.py.
+stderr, results to stdout (`--json`: one object). Added to the `rgt` group in controller/cli/main.py.
 What the box reports (its paths, versions, secret names) is printed through render.printable.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import click
 
 from controller.box import secrets
 from controller.box.ssh import Shell, SshError
-from controller.clibase import JSON_OPTION, CliError, RgtCommand, RgtGroup, emit_json
+from controller.cli.base import JSON_OPTION, CliError, RgtCommand, RgtGroup, emit_json
 from controller.install import onbox as installer
 from controller.install.build import BuildError
 from controller.render import printable

@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple
 import click
 
 from controller import render
-from controller.clibase import JSON_OPTION, CliError, RgtCommand, emit_json
+from controller.cli.base import JSON_OPTION, CliError, RgtCommand, emit_json
 from controller.insight.reconcile import Finding, ReconcileError, Report, Value, reconcile
 
 

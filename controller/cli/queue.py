@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import click
 
 from controller import render
-from controller.clibase import JSON_OPTION, CliError, RgtCommand, RgtGroup, emit_json, sigterm_as_interrupt
+from controller.cli.base import JSON_OPTION, CliError, RgtCommand, RgtGroup, emit_json, sigterm_as_interrupt
 from controller.queue import dispatch as queuerun
 from controller.queue import model as q
 from controller.store.db import Store
@@ -39,7 +39,7 @@ class QueueGroup(RgtGroup):
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
-    from controller.clibase import parse_duration
+    from controller.cli.base import parse_duration
 
     try:
         return None if value is None else parse_duration(value)

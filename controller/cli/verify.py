@@ -1,6 +1,6 @@
 """`rgt verify RUN_DIR`: prove a pulled run (identity, safe load, recomputed metric).
 
-A thin command over controller.verify.prove.verify; controller/cli.py attaches it. People see one line
+A thin command over controller.verify.prove.verify; controller/cli/main.py attaches it. People see one line
 per proof on stdout and one `error:` line per failure on stderr; `--json` prints the report
 (exactly what PULL_VERIFIED.json holds, plus "report_path") as one JSON object. Exit codes:
 0 every proof that ran passed, 1 a proof failed (the last error line names which), 2 usage.
@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional
 import click
 
 from controller import render
-from controller.clibase import CliError, RgtCommand, emit_json
+from controller.cli.base import CliError, RgtCommand, emit_json
 from controller.store.db import Store
 from controller.verify import units as verify_units
 from controller.verify.load import DEFAULT_TIMEOUT_S
