@@ -18,7 +18,7 @@ from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 import click
 from click.testing import CliRunner
 
-from controller.cli import main as rgt_main
+from controller.cli.main import main as rgt_main
 from onbox.cli import main as onbox_main
 
 ROOT = Path(__file__).resolve().parents[1]

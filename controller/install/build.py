@@ -58,7 +58,7 @@ class Built:
 
 def source_root(anchor: Optional[Path] = None) -> Path:
     """The source tree rgt runs from; BuildError when it runs from an installed wheel."""
-    here = Path(anchor) if anchor is not None else Path(__file__).resolve().parent.parent
+    here = Path(anchor) if anchor is not None else Path(__file__).resolve().parents[2]
     pyproject = here / "pyproject.toml"
     try:
         name = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {}).get("name")

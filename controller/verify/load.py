@@ -50,7 +50,7 @@ DEFAULT_TIMEOUT_S = 300.0
 BASE_ADDRESS_SPACE = 2 << 30  # what a child needs for Python + torch before the file (~0.7 GiB measured)
 MAX_JSON_BYTES = 64 << 20
 MAX_CODE_PICKLE_BYTES = 16 << 20
-_ROOT = str(Path(__file__).resolve().parent.parent)
+_ROOT = str(Path(__file__).resolve().parents[2])
 # -I: no user site, no PYTHON* variables, no script directory on sys.path; _ROOT makes
 # `controller` importable whether or not the package is installed.
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from controller.verify.safeload import main; " \

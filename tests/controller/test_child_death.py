@@ -98,7 +98,7 @@ def test_an_rsync_started_through_the_ssh_seam_dies_with_a_killed_rgt(
     dest.mkdir()
     code = """
         import sys
-        from controller import ssh
+        from controller.box import ssh
         ssh._execute(["rsync", "--bwlimit=64", "--", sys.argv[1], sys.argv[2] + "/"], timeout_s=600,
                      capture_stdout=False)
     """
@@ -133,7 +133,7 @@ def test_the_pull_rsync_dies_with_a_killed_rgt(big: Path, tmp_path: Path, fake_r
     dest.mkdir()
     code = """
         import sys
-        from controller import pull
+        from controller.pull import fetch as pull
         meter = pull._Meter(1, 0, 0, lambda progress: None, lambda: 0.0)
         pull.run_rsync(["rsync", "--bwlimit=64", "--", sys.argv[1], sys.argv[2] + "/"], meter)
     """
