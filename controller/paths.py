@@ -17,6 +17,8 @@ from controller.errors import StoreError
 
 log = logging.getLogger(__name__)
 
+# The host name that means this machine: no ssh, no box (`rgt launch local ...`).
+LOCAL = "local"
 DB_NAME = "rgt.db"
 
 

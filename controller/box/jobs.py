@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from protocol.ids import new_run_id
 
+from controller import trust as boxtrust
 from controller.box import codesync
-from controller.box import trust as boxtrust
 from controller.box.ssh import LocalShell, Ssh, SshError
 from controller.install import onbox as install
 from controller.install.onbox import LOCAL, InstallError, check_version, host_record, onbox_command
@@ -156,7 +156,7 @@ def launch(store: Store, host: str, command: Sequence[str], *, run_id: Optional[
 
     The run id is the laptop's: given (and then checked, and refused when another run has it,
     unless `relaunch`: the queue's retry in place) or made here, and passed as --run-id; the
-    box's answer must name it (controller.box.trust.launch_answer). The versions must match first:
+    box's answer must name it (controller.trust.launch_answer). The versions must match first:
     the sidecar and this controller speak one protocol. With `code.code` the working tree goes to
     <root>/<project>/code there first (project: DIR's name unless given) and the job's cwd defaults
     to it. The run is recorded in the store with its host and directory, and what the laptop asked

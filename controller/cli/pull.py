@@ -1,6 +1,6 @@
 """`rgt pull` and `rgt teardown`: bring a run home, then give the box back only when that is safe.
 
-Thin commands over controller.pull.fetch and controller.teardown.gate; the lead's wiring in controller/cli/main.py
+Thin commands over controller.pull.fetch and controller.teardown.gate; controller/cli/main.py
 adds them to the `rgt` group. Exit codes: 0 done, 1 refused or failed (an `error:` line says why,
 a `hint:` line what to do), 2 usage.
 """

@@ -16,13 +16,12 @@ from protocol import ProtocolError
 from protocol.endpoints import Endpoints
 
 from controller import paths
-from controller.box import trust as boxtrust
+from controller import trust as boxtrust
 from controller.box.ssh import Ssh, SshError, short_socket_path, ssh_config_file
 from controller.store.db import Store
 
 log = logging.getLogger(__name__)
 
-LOCAL = "local"
 FULL_CHECK_S = 60.0          # how often `ssh -O check` confirms what /proc says of the master
                              # (6 ms of CPU each: every 10 s it was 3.5 % of a core over 64 runs)
 
@@ -131,7 +130,7 @@ def process_alive(pid: int) -> Optional[bool]:
 
 def make_link(store: Store, run: Dict[str, Any]) -> Link:
     target = str(run["target"])
-    if target == LOCAL:
+    if target == paths.LOCAL:
         return LocalLink(str(run["run_dir"]))
     host = store.host(target)
     ssh = Ssh(str(host["ssh"]), control_dir=paths.state_dir() / "ssh", config_file=ssh_config_file(),
@@ -140,4 +139,4 @@ def make_link(store: Store, run: Dict[str, Any]) -> Link:
     return SshLink(ssh, str(run["run"]), str(run["run_dir"]), paths.state_dir() / "tunnels")
 
 
-__all__ = ["FULL_CHECK_S", "LOCAL", "Link", "LocalLink", "SshLink", "make_link", "process_alive"]
+__all__ = ["FULL_CHECK_S", "Link", "LocalLink", "SshLink", "make_link", "process_alive"]

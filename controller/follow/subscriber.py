@@ -10,7 +10,7 @@ a subscriber killed at any point resumes exactly where the store says.
 A transport failure proves only that the transport is down; nothing here
 concludes anything about the job from it.
 
-The box is not trusted with identities (controller.box.trust): a hello that names another run than
+The box is not trusted with identities (controller.trust): a hello that names another run than
 the one followed (`expect_run`), or another host than the one the run was first seen on, is
 refused before anything is stored (SubscriberRefused), and events of other runs are dropped.
 """
@@ -41,7 +41,7 @@ from protocol import (
 )
 from protocol.endpoints import Endpoints
 
-from controller.box import trust as boxtrust
+from controller import trust as boxtrust
 from controller.box.transport import CurveClient, Link
 from controller.store.db import AmbiguousRun, RunNotFound, Store
 

@@ -23,7 +23,7 @@ else after EXIT_SETTLE_S with nothing new, and at the latest EXIT_SETTLE_MAX_S a
 watcher started for a run that had ended already (controller.runs.life) only fetches what the store lacks
 and ends, within CATCH_UP_S even when the box cannot be reached; `rgt launch` of a new attempt under
 the same run id leaves a marker (watchers/RUN.launched) so that its watcher waits for that attempt.
-The run id names the watcher's files and the tunnel sockets, so it is checked (controller.box.trust)
+The run id names the watcher's files and the tunnel sockets, so it is checked (controller.trust)
 before any path is made of it, and the subscriber refuses a sidecar that answers for another run or
 host.
 
@@ -48,15 +48,15 @@ from protocol import Event
 from protocol.endpoints import Endpoints
 
 from controller import paths, pidlock
-from controller.box import trust as boxtrust
+from controller import trust as boxtrust
 from controller.box.ssh import SshError
 from controller.follow.backoff import Backoff
-from controller.follow.link import LOCAL, Link, LocalLink, SshLink, make_link, process_alive
+from controller.follow.link import Link, LocalLink, SshLink, make_link, process_alive
 from controller.follow.subscriber import Subscriber, SubscriberError
 from controller.runs import groups, life
 from controller.store.db import Store, StoreError
 
-__all__ = ["LOCAL", "Link", "LocalLink", "SshLink", "WatchRefused", "Watcher", "WatcherFiles",
+__all__ = ["Link", "LocalLink", "SshLink", "WatchRefused", "Watcher", "WatcherFiles",
            "ensure_watcher", "files", "make_link", "outage_s", "process_alive", "running_pid",
            "stop_watcher", "take_launch_mark"]
 

@@ -56,11 +56,11 @@ from controller.install.wheels import (
     resolve,
 )
 from controller.output import last_json_object
+from controller.paths import LOCAL
 from controller.render import printable
 from controller.store.db import HostNotFound, Store
 from controller.verify.identity import hash_file
 
-LOCAL = "local"
 DEFAULT_VENV = "~/.rgt/venv"
 WHEELS_DIR = "~/.rgt/wheels"
 _VERSION_OUT = re.compile(r"version\s+(\S+)")

@@ -27,7 +27,7 @@ Sizes are proved here; `rgt verify` proves content (SHA-256, safe load) and writ
 
 The box chooses nothing on the laptop: the run id is checked by the run-id grammar before it names
 ./runs/<run-id>, the manifest must be the run's own (its run id, read from the run's own directory),
-and every path built from it stays under staging (controller.box.trust.contained; pullstage.inside).
+and every path built from it stays under staging (controller.trust.contained; pullstage.inside).
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ from protocol import ProtocolError
 from protocol.pull import check_manifest
 
 from controller import pidlock
-from controller.box import trust as boxtrust
+from controller import trust as boxtrust
 from controller.box.ssh import LocalShell, Ssh, SshError, classify
 from controller.install import onbox as install
 from controller.output import error_tail, last_json_object

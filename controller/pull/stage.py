@@ -23,7 +23,7 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 
 from protocol.pull import FILENAME
 
-from controller.box import trust as boxtrust
+from controller import trust as boxtrust
 from controller.verify.identity import hash_file
 
 STAGING_SUFFIX = ".partial"

@@ -40,7 +40,7 @@ import sqlite3
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from controller import paths
-from controller.box import trust as boxtrust
+from controller import trust as boxtrust
 from controller.errors import StoreCorrupt, recovery_hint
 from controller.runs import life
 from controller.store.db import LocalEvent, Store, StoreError

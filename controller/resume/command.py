@@ -25,7 +25,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from controller.box import trust as boxtrust
+from controller import trust as boxtrust
 from controller.box.ssh import SshError
 from controller.errors import StoreError
 from controller.install import onbox as install

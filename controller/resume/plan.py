@@ -49,7 +49,7 @@ from protocol.ids import new_run_id
 from protocol.pull import FILENAME as PULL_MANIFEST
 from protocol.pull import is_temporary
 
-from controller.box import trust as boxtrust
+from controller import trust as boxtrust
 from controller.box.ssh import LocalShell, Ssh, SshError
 from controller.install import onbox as install
 from controller.install.onbox import LOCAL, InstallError

@@ -31,9 +31,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from protocol import metrics as schema
 
-from controller.box import trust as boxtrust
+from controller import paths
+from controller import trust as boxtrust
 from controller.errors import StoreError
-from controller.install import onbox as install
 from controller.store.db import Store
 
 METRICS_FILE = "metrics.jsonl"
@@ -139,7 +139,7 @@ def metrics_files(store: Store, run_id: str) -> List[Path]:
         info: Mapping[str, Any] = store.run(run_id)
     except StoreError:   # a run the store does not know has no files here
         info = {}
-    if info.get("target") == install.LOCAL and isinstance(info.get("run_dir"), str) and info["run_dir"]:
+    if info.get("target") == paths.LOCAL and isinstance(info.get("run_dir"), str) and info["run_dir"]:
         out.append(Path(info["run_dir"]) / METRICS_FILE)
     for ev in reversed(store.local_events(run_id)):
         where = ev.data.get("dest") or ev.data.get("run_dir")

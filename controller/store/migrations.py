@@ -132,7 +132,7 @@ MIGRATIONS: Tuple[Migration, ...] = (
     )),
     Migration(5, "what the laptop asked for at launch, kept apart from what the box says", (
         # JSON object: command, cwd, python, code, profile, onbox_args. `rgt resume` runs this,
-        # never the command the box's run.json or hello claims (controller/box/trust.py).
+        # never the command the box's run.json or hello claims (controller/trust.py).
         "ALTER TABLE runs ADD COLUMN launch TEXT NOT NULL DEFAULT '{}'",
     )),
 )

@@ -1,4 +1,4 @@
-"""controller.box.trust, the boundary: a run id or a path a box sends is refused, or it is one the laptop
+"""controller.trust, the boundary: a run id or a path a box sends is refused, or it is one the laptop
 may use (a run id by the grammar, a path that stays under its root). Unit cases and properties."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.box import trust as boxtrust
-from controller.box.trust import Untrusted
+from controller import trust as boxtrust
+from controller.trust import Untrusted
 from protocol.ids import is_run_id
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True)

@@ -136,7 +136,8 @@ def test_following_merges_what_lands_from_both_sources(home: Path) -> None:
 def test_a_follower_process_prints_controller_events_as_they_are_recorded(home: Path) -> None:
     with Store.open() as s:
         populate(s)
-    proc = subprocess.Popen([sys.executable, "-m", "controller.cli.main", "events", RUN, "--follow", "--json"],
+    argv = [sys.executable, "-m", "controller.cli.main", "events", RUN, "--follow", "--json"]
+    proc = subprocess.Popen(argv,
                             cwd=REPO, env=dict(os.environ), text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     try:

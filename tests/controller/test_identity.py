@@ -21,7 +21,6 @@ from click.testing import CliRunner
 from controller import paths
 from controller.box import jobs as boxes
 from controller.box.jobs import BoxError
-from controller.box.trust import Untrusted
 from controller.cli import main as cli
 from controller.follow import watcher
 from controller.follow.subscriber import Subscriber, SubscriberRefused
@@ -31,6 +30,7 @@ from controller.pull.stage import Entry, check_entries, prepare
 from controller.queue import dispatch as queuerun
 from controller.queue import model as q
 from controller.store.db import Store
+from controller.trust import Untrusted
 from onbox.sidecar import Sidecar, SidecarConfig
 from protocol import PACKAGE_VERSION, PROTOCOL_VERSION, Event, HelloReply, SinceReply
 from protocol.codec import decode_request, encode_event, encode_reply

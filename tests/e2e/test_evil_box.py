@@ -3,7 +3,7 @@ on the laptop is written, run or printed on the box's say.
 
 The box is tests/e2e/evil: a fake `rgt-onbox` (the host's --onbox) that answers with what a scenario
 holds, and a fake sidecar reached through rgt's own forwards. Each row names the hostile answer and the
-refusal expected (controller/box/trust.py is the boundary).
+refusal expected (controller/trust.py is the boundary).
 """
 from __future__ import annotations
 
