@@ -17,7 +17,7 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MONTH = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")
 # The only words a command template may name: filled in by the controller, never a secret.
 PLACEHOLDERS = ("instance_id", "host", "run_id")
-# What sort of place a profile describes (seed inventory §3.1, plus notebook and local).
+# The places a profile may describe: an SSH rental, a cloud API, plain SSH, a cluster, a notebook, this host.
 KINDS = ("ssh-rental", "cloud-api", "ssh", "slurm", "kubernetes", "notebook", "local")
 
 

@@ -1,0 +1,3 @@
+"""Bringing a run home, resumably, through a staging dir that is never called complete early
+(docs/ARCHITECTURE.md §6).
+"""

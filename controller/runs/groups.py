@@ -7,7 +7,7 @@ its own id. That row has no sidecar, no host and no events from a box (no watche
 and commands that need a box find none): it holds the controller's verdicts about the whole
 group, so `rgt watch RUN`, `rgt status RUN` and `rgt runs` name it like any other run.
 
-Two failures show only across nodes (seed-inventory §4.7), so no single sidecar can report them:
+Two failures show only across nodes (a sidecar sees its own node's job only), so no one sidecar reports them:
 
     job.rank_failed  critical  one node's job exited while the others still run: they wait for it
                                in their next collective. A failed exit counts at once; a clean

@@ -18,7 +18,7 @@ REASON_HW_SLOWDOWN = 0x8
 REASON_SW_THERMAL = 0x20
 REASON_HW_THERMAL = 0x40
 REASON_HW_POWER_BRAKE = 0x80
-# The clock-event reasons that are faults (peer-anchors §3.4). SwPowerCap and GpuIdle never are.
+# Clock-event reasons that are faults (the GPU cannot hold its clocks); SwPowerCap and GpuIdle never are.
 FAULT_REASONS = REASON_HW_SLOWDOWN | REASON_SW_THERMAL | REASON_HW_THERMAL | REASON_HW_POWER_BRAKE
 HOT_SLOW_SIGNAL = "SmClockLowWhileHot"
 

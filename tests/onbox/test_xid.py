@@ -27,7 +27,7 @@ from tests.helpers import Clock
 
 DATA = Path(__file__).parent / "data"
 
-# Every code named in peer-anchors.md §3 (NVIDIA catalog rows, DCGM's mappings, k8s-device-plugin).
+# Xids that NVIDIA's catalog, DCGM's health mappings and the k8s device plugin act on: each is classified.
 REFERENCE_CODES = {13, 31, 32, 38, 39, 42, 43, 45, 48, 54, 56, 57, 58, 60, 61, 62, 63, 64, 67, 68, 73, 74,
                    78, 79, 92, 93, 94, 95, 119, 120, 121, 137, 140, 154}
 
