@@ -7,8 +7,8 @@ row remapping, the driver's recovery action, foreign VRAM holders, NVML responsi
 (bytes and inodes) and memory headroom, which need no GPU. Without a driver or library the GPU
 section is SKIP ("unavailable"), never a failure. Exit 0 for PASS or WARN, 2 for FAIL.
 
-The seed's gpu_health.sh is the model, with its defects fixed: lettered PCI ids match, every GPU
-is checked (or the one `--gpu` names), ECC and row remapping are read.
+A shell health script of the usual kind is the model, with its defects fixed: lettered PCI ids
+match, every GPU is checked (or the one `--gpu` names), ECC and row remapping are read.
 """
 from __future__ import annotations
 

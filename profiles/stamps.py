@@ -1,7 +1,7 @@
 """How old the profiles' facts are: every `verified = "YYYY-MM"` stamp with its age in months.
 
 A stamp is stale when its age is more than `months` (6 by default): a 2026-06 stamp is still fine
-in 2026-12 and stale from 2027-01, as the seed's check_staleness.py counted. A passing check only
+in 2026-12 and stale from 2027-01 (whole calendar months are counted). A passing check only
 says the facts were looked at recently; it never says they are still true. Imports nothing of ours.
 """
 from __future__ import annotations

@@ -25,7 +25,7 @@ HOT_SLOW_SIGNAL = "SmClockLowWhileHot"
 
 @dataclasses.dataclass(frozen=True)
 class GpuThresholds:
-    """Defaults from issue 3 and the seed's gpu_health.sh."""
+    """The limits past which a GPU reading is a fault: a healthy data-centre GPU stays inside them."""
 
     throttle_onset_s: float = 10.0
     throttle_clear_s: float = 30.0
