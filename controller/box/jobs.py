@@ -20,8 +20,9 @@ from controller import trust as boxtrust
 from controller.box import codesync
 from controller.box.ssh import LocalShell, Ssh, SshError
 from controller.install import onbox as install
-from controller.install.onbox import LOCAL, InstallError, check_version, host_record, onbox_command
+from controller.install.onbox import InstallError, check_version, host_record, onbox_command
 from controller.output import error_tail, last_json_object
+from controller.paths import LOCAL
 from controller.runs import life, status
 from controller.store.db import AmbiguousRun, RunNotFound, Store
 

@@ -29,7 +29,7 @@ from controller import trust as boxtrust
 from controller.box.ssh import SshError
 from controller.errors import StoreError
 from controller.install import onbox as install
-from controller.install.onbox import LOCAL
+from controller.paths import LOCAL
 
 REDACTED = "***"  # what the box's launcher writes in run.json where a secret-looking value was
 MAX_RUN_JSON_BYTES = 1 << 20

@@ -52,8 +52,9 @@ from protocol.pull import is_temporary
 from controller import trust as boxtrust
 from controller.box.ssh import LocalShell, Ssh, SshError
 from controller.install import onbox as install
-from controller.install.onbox import LOCAL, InstallError
+from controller.install.onbox import InstallError
 from controller.output import error_tail, last_json_object
+from controller.paths import LOCAL
 from controller.pull.stage import sha256_of
 from controller.resume.command import (
     ResumeError,
