@@ -28,6 +28,11 @@ from controller.box.ssh import LocalShell, Ssh, SshError
 from controller.install import onbox as install
 from controller.store.db import Store
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised by the 3.9 run
+    import tomli as tomllib
+
 log = logging.getLogger(__name__)
 
 METRICS_CAP_BYTES = 64 << 20
@@ -383,10 +388,6 @@ def flatten(doc: Any, prefix: str = "") -> Dict[str, Any]:
 
 
 def _parse_toml(text: str) -> Any:
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - 3.10 controllers
-        import tomli as tomllib
     return tomllib.loads(text)
 
 

@@ -23,15 +23,14 @@ import sqlite3
 import time
 from pathlib import Path
 from typing import (
+    TYPE_CHECKING,
     Any,
     Callable,
-    Concatenate,
     Dict,
     Iterator,
     List,
     Mapping,
     Optional,
-    ParamSpec,
     Sequence,
     Tuple,
     TypeVar,
@@ -77,7 +76,10 @@ class LocalEvent:
     data: Dict[str, Any]
 
 
-_P = ParamSpec("_P")
+if TYPE_CHECKING:  # typing has these from 3.10; they appear only in annotations, never evaluated
+    from typing_extensions import Concatenate, ParamSpec
+
+    _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 

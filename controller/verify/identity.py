@@ -26,9 +26,12 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeGuard, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from protocol import pull
+
+if TYPE_CHECKING:  # typing has it from 3.10; it appears only in annotations, never evaluated
+    from typing_extensions import TypeGuard
 
 MANIFEST_REL = f"rgt/{pull.FILENAME}"
 VERIFIED_REL = "rgt/PULL_VERIFIED.json"
