@@ -445,30 +445,50 @@ def test_parallel_hashing_matches_serial(tmp_path: Path) -> None:
 
 def test_an_interrupted_hash_does_not_finish_the_rest_first(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """One worker: the interrupt comes once it holds the second file, and that file is let go only
+    once the rest are cancelled. Each step waits for the one before it, never for a time: the
+    worker cannot miss the second file, nor pick up a third."""
     paths = []
     for i in range(20):
         paths.append(tmp_path / f"f{i}")
         paths[-1].write_bytes(b"x" * i)
     hashed: List[Path] = []
     real = verify_identity.hash_file
-    released = threading.Event()
+    futures = verify_identity.concurrent.futures
+    submitted: List[Any] = []
+    second_taken = threading.Event()
+    rest_cancelled = threading.Event()
+
+    def on_done(_: Any) -> None:  # runs as each future finishes or is cancelled
+        if len(submitted) == len(paths) and all(f.cancelled() for f in submitted[2:]):
+            rest_cancelled.set()
+
+    class Pool(futures.ThreadPoolExecutor):
+        """The real pool; it keeps each future it hands out, so the test sees what is cancelled."""
+
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            fut = super().submit(fn, *args, **kwargs)
+            submitted.append(fut)
+            fut.add_done_callback(on_done)
+            return fut
 
     def fake(p: Path) -> Any:
         hashed.append(p)
-        if len(hashed) > 1:  # the second file is held until the interrupt has been handled
-            released.wait(10)
+        if len(hashed) == 2:
+            second_taken.set()
+            # A hash_many that does not cancel hashes every file after this bound, and fails below.
+            rest_cancelled.wait(10)
         return real(p)
 
+    monkeypatch.setattr(futures, "ThreadPoolExecutor", Pool)
     monkeypatch.setattr(verify_identity, "hash_file", fake)
 
     def interrupt(stage: str, done: int, total: int) -> None:
-        # A fallback release: hash_many cancels what is queued and then joins the worker
-        # that holds the second file; only then may that file finish.
-        threading.Timer(1.0, released.set).start()
+        assert second_taken.wait(10), "the worker never took the second file"
         raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
         verify_identity.hash_many(paths, workers=1, progress=interrupt)
-    assert len(hashed) == 2
+    assert len(hashed) == 2 and rest_cancelled.is_set()
 
 
 def test_hashing_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
