@@ -32,7 +32,7 @@ system-deps:
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/vermin -q --no-tips --violations -t=3.9- --eval-annotations --backport dataclasses protocol onbox profiles
+	$(BIN)/vermin -q --no-tips --violations -t=3.9- --eval-annotations --backport dataclasses protocol onbox profiles controller
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --platform linux protocol onbox controller profiles
@@ -40,9 +40,9 @@ typecheck: $(STAMP)
 pytest: $(STAMP) system-deps
 	$(BIN)/pytest -q
 
-# protocol/ and onbox/ must run on the old Pythons of rental images. vermin and
-# ruff's py39 target catch syntax; this runs their tests on a real 3.9 when the
-# machine has one (this kind's image ships it through pyenv).
+# protocol/, onbox/ and the controller must run on the old Pythons of rental images. vermin and
+# ruff's py39 target catch syntax; this runs their tests on a real 3.9 (the controller's: every module
+# imported, `rgt --help`) when the machine has one (this kind's image ships it through pyenv).
 PY39 ?= $(or $(lastword $(wildcard $(HOME)/.pyenv/versions/3.9.*/bin/python3.9)),python3.9)
 VENV39 := .venv39
 $(VENV39)/.installed:
@@ -53,7 +53,9 @@ $(VENV39)/.installed:
 py39:
 	@if $(PY39) -c 'import sys; assert sys.version_info[:2] == (3, 9)' 2>/dev/null; then \
 		$(MAKE) --no-print-directory $(VENV39)/.installed && \
-		$(VENV39)/bin/python -m pytest -q -k "not fuzz" tests/protocol tests/onbox tests/profiles; \
+		$(VENV39)/bin/python -m pytest -q -k "not fuzz" tests/protocol tests/onbox tests/profiles \
+			tests/test_layout.py::test_nothing_heavy_happens_at_import_time && \
+		$(VENV39)/bin/python -m controller.cli.main --help >/dev/null; \
 	else echo "py39: no python3.9 here; vermin and ruff (target py39) are the 3.9 check"; fi
 
 test: lint typecheck pytest py39
