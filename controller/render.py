@@ -71,7 +71,7 @@ def json_safe(text: str) -> str:
     """JSON text (json.dumps with ensure_ascii=False) with what printable() escapes written as JSON
     \\uXXXX escapes instead: the same data once parsed, and safe on a terminal. Outside strings
     JSON text is ASCII, so each such character is inside a string, never inside an escape."""
-    if text.isascii():
+    if text.isascii() and "\x7f" not in text:  # json.dumps escapes C0 but not DEL
         return text
     return _UNSAFE.sub(_json_escape, text)
 

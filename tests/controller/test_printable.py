@@ -113,6 +113,12 @@ def test_json_safe_keeps_the_data_and_is_terminal_safe(value: object) -> None:
     assert clean(safe) and json.loads(safe) == value
 
 
+def test_json_safe_escapes_del_in_ascii_text() -> None:
+    """json.dumps leaves DEL (0x7f) as it is, and DEL is ASCII: the ASCII shortcut must not skip it."""
+    safe = json_safe(json.dumps({"\x7f": "a\x7fb"}, ensure_ascii=False))
+    assert "\x7f" not in safe and json.loads(safe) == {"\x7f": "a\x7fb"}
+
+
 def test_event_lines_escape_box_text_in_both_forms() -> None:
     event = protocol.Event(run="r1", host="box", seq=1, ts=0.0, kind="log\x9b2J", sev="info",
                            data={"line": "ok\u202egnp.exe \x1b]52;c;eA==\x07 关机"})
