@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,19 @@ from protocol.endpoints import Endpoints
 T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parent.parent
+
+# The names of documents that live outside this repository (the product's early design notes and
+# reference texts): what the repo says must stand on its own, so no text of ours may cite them.
+OUTSIDE_DOCUMENT = (r"DESIGN\.md|\.\./shared|seed[ -]inventory|seed-skill|peer[ -]anchors|spot-resilience"
+                    r"|(?-i:\bAD-[A-Z]{2,})|gotcha\s*#?\d")
+# What a person reads (help, hints, the catalog, README and SKILL.md) also names no section of such a
+# document and no issue of our tracker.
+CITATION = re.compile(r"§|\bissue\s+#?\d+\b|" + OUTSIDE_DOCUMENT, re.IGNORECASE)
+
+
+def citations(text: str) -> List[str]:
+    """Each line of `text` that cites an internal document."""
+    return [line.strip() for line in text.splitlines() if CITATION.search(line)]
 
 
 def wait_until(predicate: Callable[[], T], timeout_s: float = 10.0, what: str = "condition",

@@ -15,6 +15,8 @@ from typing import Iterator, List
 
 import pytest
 
+from tests.helpers import OUTSIDE_DOCUMENT
+
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "ARCHITECTURE.md"
 TOP = ("protocol", "onbox", "controller", "profiles", "tests", "scripts", "bench", "examples", "docs")
@@ -25,7 +27,9 @@ _INLINE = re.compile(r"`([^`\n]+)`")
 _PATH = re.compile(r"(?<![\w/.<>$~{-])(?:" + "|".join(TOP) + r")/[\w.*{},/-]*")
 _BRACES = re.compile(r"\{([^{}]*)\}")
 # Documents that live outside this repository, and the words that name them.
-_OUTSIDE = re.compile(r"DESIGN\.md|\.\./shared|/work/|seed|inventory|peer-anchors|https?://", re.I)
+# Stricter than the rule for help texts: no workspace path, no URL, not even the words "seed" and
+# "inventory".
+_OUTSIDE = re.compile(OUTSIDE_DOCUMENT + r"|/work/|seed|inventory|https?://", re.I)
 
 
 def _text() -> str:

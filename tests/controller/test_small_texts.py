@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import shlex
 from pathlib import Path
-from typing import List
 
 import pytest
 from click.testing import CliRunner
@@ -23,21 +22,15 @@ from controller.runs import status
 from controller.store.db import Store
 from controller.teardown import deadman as ctl
 from protocol import Event
+from tests.helpers import citations
 from tests.sshbox import SshBox, sshbox  # noqa: F401 (fixture)
 from tests.test_skill_contract import PROGRAMS, every_invocation
 
 REPO = Path(__file__).resolve().parents[2]
-CITATION = re.compile(r"§|(?-i:\bAD-[A-Z]{2,})|DESIGN\.md|seed[ -]inventory|seed-skill|gotcha\s*#?\d"
-                      r"|peer[ -]anchors|spot-resilience|\bissue\s+#?\d+\b", re.IGNORECASE)
 UNKNOWN_KEY = b"No ED25519 host key is known for box1 and you have requested strict checking.\n" \
               b"Host key verification failed.\n"
 CHANGED_KEY = b"@@@ WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED! @@@\n" \
               b"Host key for box1 has changed and you have requested strict checking.\n"
-
-
-def citations(text: str) -> List[str]:
-    """Each line of `text` that cites an internal document."""
-    return [line.strip() for line in text.splitlines() if CITATION.search(line)]
 
 
 # ---- internal documents ---------------------------------------------------------------------------
