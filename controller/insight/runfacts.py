@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set,
 
 from protocol import metrics as schema
 
+from controller import paths
 from controller.box.ssh import LocalShell, Ssh, SshError
 from controller.install import onbox as install
 from controller.store.db import Store
@@ -267,7 +268,7 @@ def _stored(store: Store, info: Dict[str, Any], label: Optional[str],
     if not host or not run_dir:
         raise CompareError(f"run {run_id} was not launched through rgt: no host or run directory known",
                            hint="name its run directory (or a pulled copy) instead")
-    if host == install.LOCAL:
+    if host == paths.LOCAL:
         return load_dir(Path(run_dir), label or run_id, with_siblings=False)
     if host not in shells:
         shells[host] = install.shell_for(install.host_record(store, host))
@@ -285,7 +286,7 @@ def load_stored(store: Store, name: str, shells: Optional[Dict[str, Shell]] = No
 
 def _where(info: Dict[str, Any]) -> str:
     host, run_dir = str(info["target"]), str(info["run_dir"])
-    return str(Path(run_dir).resolve()) if host == install.LOCAL else f"{host}:{run_dir}"
+    return str(Path(run_dir).resolve()) if host == paths.LOCAL else f"{host}:{run_dir}"
 
 
 def _store_siblings(store: Store, run_id: str, shells: Dict[str, Shell],

@@ -469,5 +469,5 @@ def _record(store: Store, host_name: str, installed: Dict[str, Any]) -> bool:
     return True
 
 
-__all__ = ["DEFAULT_VENV", "LOCAL", "InstallError", "InstallOptions", "InstallResult", "OnboxNotFound",
+__all__ = ["DEFAULT_VENV", "InstallError", "InstallOptions", "InstallResult", "OnboxNotFound",
            "VersionMismatch", "check_version", "host_record", "install", "onbox_command", "shell_for"]
