@@ -313,19 +313,23 @@ class Rehearsal:
         if job is None or pgid is None or not job.alive():
             return None, "rgt/job.json names no running job to kill"
         self.journal.poll()
+        before = self.journal.last_seq
+        _killpg(pgid)
+        # Gone means the wrapper's exit record, no process left, and the sidecar's job.exited: the
+        # sidecar reads the job's last lines and reports their progress before it journals the exit,
+        # so after it nothing of the killed attempt can arrive among the relaunch's events.
+        gone = self._wait(lambda: self._exit_doc() is not None and not (wrapper and wrapper.alive())
+                          and not job.alive() and bool(self.journal.of("job.exited", before)), KILLED_S)
+        if not gone:
+            return None, f"the SIGKILLed job's exit was not recorded within {KILLED_S:g} s"
         steps = steps_since(self.metrics_path, 0)[0] + [
             e["data"]["step"] for e in self.journal.of("train.progress", self.base_seq)
             if isinstance(e["data"].get("step"), int)]
-        _killpg(pgid)
-        gone = self._wait(lambda: self._exit_doc() is not None and not (wrapper and wrapper.alive())
-                          and not job.alive(), KILLED_S)
-        if not gone:
-            return None, f"the SIGKILLed job's exit was not recorded within {KILLED_S:g} s"
         return (max(steps) if steps else 0), ""
 
     def _current(self, kind: str) -> List[Dict[str, Any]]:
-        """`kind` events of the current attempt: from its job.started on. A retiring sidecar may
-        still report the killed attempt after the kill; those come before it."""
+        """`kind` events of the current attempt: from its job.started on. What the sidecar reported
+        of the killed attempt came before its job.exited, which the relaunch waited for."""
         if self.attempt_seq is None:
             started = [e for e in self.journal.of("job.started", self.base_seq)
                        if e["data"].get("pid") == self.attempt_pid]
