@@ -162,6 +162,24 @@ class CustodyMonitor(CustodyCore):
             return self._cond.wait_for(lambda: not (self._pending or self._queue or self._busy
                                                     or self._backlog or self._gone), timeout_s)
 
+    def judge_missing(self, timeout_s: float = 60.0) -> bool:
+        """Have every recorded unit with a file missing judged, and wait (at most `timeout_s`) until
+        it is: its removal recorded, or found back. A pull manifest asks this before it fails closed
+        on a missing checkpoint. A deletion the watcher has not reported yet is taken as reported now,
+        so the answer depends on the files, not on how far behind the watcher is."""
+        with self._cond:
+            now = self._mono()
+            for unit, record in self._known.items():
+                if unit in self._gone:
+                    continue
+                files = [os.path.join(unit, f.path) for f in record.files] if record.kind == DIR else [unit]
+                if any(not os.path.lexists(f) for f in files):
+                    judged = unit in self._pending or unit in self._queue or self._busy == unit
+                    self._gone[unit] = (now, judged, self._job_alive())
+            waiting = set(self._gone)
+            self._cond.notify_all()
+            return self._cond.wait_for(lambda: not waiting.intersection(self._gone), timeout_s)
+
     @property
     def sync_failed(self) -> bool:
         """A durable copy failed at some point of this monitor's life (sticky)."""

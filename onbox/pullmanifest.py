@@ -31,7 +31,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from protocol.pull import FILENAME, SCHEMA, VERSION, manifest_digest
 
@@ -51,7 +51,7 @@ MAX_REMOVED = 5000
 MAX_GATE_ENTRIES = 200_000
 _SKIP_SCAN = frozenset({"__pycache__", "node_modules", "site-packages", "venv", ".venv", "wandb", "rgt"})
 _MAGIC = re.compile(r"[*?\[]")
-MISSING_GRACE_S = 3.0   # how long a missing recorded checkpoint may wait for custody's removal record
+MISSING_GRACE_S = 10.0  # how long a missing recorded checkpoint may wait for custody's removal record
 
 
 class ManifestError(OnboxError):
@@ -315,10 +315,13 @@ def _checkpoint_entries(root: Path) -> List[Dict[str, Any]]:
     return entries
 
 
-def _checkpoints_settled(root: Path, grace_s: float) -> List[Dict[str, Any]]:
-    """The checkpoint entries; a recorded checkpoint found missing gets `grace_s` for custody to
-    record its removal (the job's rotation deletes a save at any moment, and custody judges a
-    deletion a moment later) before the manifest fails closed on it."""
+def _checkpoints_settled(root: Path, grace_s: float,
+                         judge_missing: Optional[Callable[[], object]]) -> List[Dict[str, Any]]:
+    """The checkpoint entries; a recorded checkpoint found missing waits for custody to record its
+    removal (the job's rotation deletes a save at any moment, and custody judges a deletion a moment
+    later) before the manifest fails closed on it. In the sidecar `judge_missing` asks custody and
+    waits for its answer; elsewhere (custody in another process) the manifest looks again for
+    `grace_s`."""
     deadline = time.monotonic() + grace_s
     while True:
         try:
@@ -326,7 +329,9 @@ def _checkpoints_settled(root: Path, grace_s: float) -> List[Dict[str, Any]]:
         except MissingCheckpoints:
             if time.monotonic() >= deadline:
                 raise
-            threading.Event().wait(0.2)
+            if judge_missing is not None:
+                judge_missing()
+            threading.Event().wait(0.05 if judge_missing is not None else 0.2)
 
 
 def removed_entries(root: Path, only_job: bool = True) -> List[Dict[str, Any]]:
@@ -372,13 +377,15 @@ def _include_paths(root: Path, includes: Sequence[str], extra: Sequence[str],
 
 
 def build_manifest(run_dir: Path, includes: Sequence[str] = DEFAULT_INCLUDES, roster: Optional[Path] = None,
-                   host: Optional[str] = None, *, extra_includes: Sequence[str] = ()) -> Dict[str, Any]:
+                   host: Optional[str] = None, *, extra_includes: Sequence[str] = (),
+                   judge_missing: Optional[Callable[[], object]] = None) -> Dict[str, Any]:
     """The manifest doc (see protocol.pull). `includes` may match nothing; each of
-    `extra_includes` must match a file. A `roster` replaces both. Raises ManifestError."""
+    `extra_includes` must match a file. A `roster` replaces both. `judge_missing` is custody's, when
+    it runs in this process (see _checkpoints_settled). Raises ManifestError."""
     root = Path(os.path.realpath(run_dir))
     if not root.is_dir():
         raise ManifestError(f"no run directory at {run_dir}")
-    files = _checkpoints_settled(root, MISSING_GRACE_S)  # checkpoints, then the includes, by path
+    files = _checkpoints_settled(root, MISSING_GRACE_S, judge_missing)  # checkpoints, then includes
     listed = {e["path"] for e in files}
     for rel in sorted(set(_include_paths(root, includes, extra_includes, roster))):
         if rel in listed:

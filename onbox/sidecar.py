@@ -295,7 +295,8 @@ class Sidecar:
         recorded are read (unpaced). A large manifest is better built with `rgt-onbox manifest`.
         """
         try:
-            doc = build_manifest(self.run_dir, host=self.host, extra_includes=req.includes)
+            doc = build_manifest(self.run_dir, host=self.host, extra_includes=req.includes,
+                                 judge_missing=self.custody.judge_missing)
             save_manifest(self.run_dir, doc)
         except ManifestError as e:
             return self._error(req.id, "refused", str(e))

@@ -404,6 +404,21 @@ def test_a_pull_manifest_built_during_a_rotation_waits_for_its_record(custody: F
     assert {e["unit"] for e in doc["files"] if e["kind"] == "checkpoint"} == {"checkpoints/checkpoint-20"}
 
 
+def test_the_sidecars_manifest_has_custody_judge_a_deletion_its_watcher_missed(custody: Factory) -> None:
+    h = custody(settle_s=0.2, sweep_s=3600.0, job_pid=os.getpid())
+    for step in (10, 20):
+        save_dir(h.ckpt / f"checkpoint-{step}", step)
+    h.events.wait_for("ckpt.saved", 2)
+    h.idle()
+    for place in h.monitor._places.values():          # the watcher falls silent (a loaded box, far behind)
+        place.watcher.stop()
+    shutil.rmtree(h.ckpt / "checkpoint-10")
+    doc = pullmanifest.build_manifest(h.run, judge_missing=h.monitor.judge_missing)
+    removed = doc["removed"]
+    assert [(r["path"], r["by"]) for r in removed] == [("checkpoints/checkpoint-10", "job")]
+    assert {e["unit"] for e in doc["files"] if e["kind"] == "checkpoint"} == {"checkpoints/checkpoint-20"}
+
+
 def test_deletions_seen_before_the_sidecar_stops_are_recorded_at_close(custody: Factory) -> None:
     h = custody(settle_s=3600.0, job_pid=os.getpid())  # a deletion would be judged an hour later
     save_dir(h.ckpt / "checkpoint-10", 10)
