@@ -553,6 +553,16 @@ def run_launch(opts: LaunchOptions, as_json: bool, stdout: IO[str], stderr: IO[s
                **kwargs: Any) -> int:
     """The CLI body: launch, print the result (or `error:`/`hint:` lines), return the exit code;
     with `wait`, the job's own exit status once it ended (onbox/launchwait.py)."""
+    if not wait:
+        return _launch_and_report(opts, as_json, stdout, stderr, None, **kwargs)
+    from onbox.launchwait import Forwarder
+
+    with Forwarder() as forwarder:  # before the launch: a stop that comes at once still reaches the job
+        return _launch_and_report(opts, as_json, stdout, stderr, forwarder, **kwargs)
+
+
+def _launch_and_report(opts: LaunchOptions, as_json: bool, stdout: IO[str], stderr: IO[str],
+                       forwarder: Any, **kwargs: Any) -> int:
     try:
         result = launch(opts, **kwargs)
     except (LaunchError, OSError) as e:
@@ -566,11 +576,11 @@ def run_launch(opts: LaunchOptions, as_json: bool, stdout: IO[str], stderr: IO[s
     render_launch(result, as_json, stdout)
     for warning in result.warnings:
         stderr.write(f"warning: {warning}\n")
-    if wait:
+    if forwarder is not None:
         stdout.flush()
         from onbox.launchwait import wait_for_job
 
-        return wait_for_job(result.run_dir, result.pid, sidecar=opts.sidecar)
+        return wait_for_job(result.run_dir, result.pid, sidecar=opts.sidecar, forwarder=forwarder)
     if not as_json:
         stderr.write(f"hint: follow it: tail -f {result.train_log}; stop it: rgt-onbox stop "
                      f"{result.project}/{result.run_id}\n")

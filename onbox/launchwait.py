@@ -11,32 +11,68 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from onbox.runs import RunPaths, read_json, wait_for
 
 REPORT_WAIT_S = 15.0  # after the job ends, how long the sidecar gets to journal job.exited
 
 
-def wait_for_job(run_dir: Path, wrapper_pid: int, *, report_wait_s: float = REPORT_WAIT_S,
-                 sidecar: bool = True) -> int:
-    """Block until the wrapper (a child of this process) exits; its exit status as a shell sees it."""
-    paths = RunPaths(run_dir)
-    previous: Dict[signal.Signals, Any] = {}
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
-    def forward(signum: int, _frame: Any) -> None:
-        try:
-            os.kill(wrapper_pid, signum)
-        except OSError:
-            pass
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        previous[signum] = signal.signal(signum, forward)
-    try:
-        status = _reap(wrapper_pid)
-    finally:
-        for signum, handler in previous.items():
+class Forwarder:
+    """Passes SIGTERM/SIGINT/SIGHUP on to the wrapper while installed. Installed before the launch,
+    so a stop that comes before the wrapper's pid is known (a pod stopped at once) is kept and
+    passed on as soon as it is, instead of killing the launcher with the job left running."""
+
+    def __init__(self) -> None:
+        self.pid: Optional[int] = None
+        self.pending: List[int] = []
+        self._previous: Dict[int, Any] = {}
+
+    def __enter__(self) -> Forwarder:
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        for signum, handler in self._previous.items():
             signal.signal(signum, handler)
+        self._previous.clear()
+
+    def target(self, pid: int) -> None:
+        self.pid = pid
+        pending, self.pending = self.pending, []
+        for signum in pending:
+            _kill(pid, signum)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self.pid is None:
+            self.pending.append(signum)
+        else:
+            _kill(self.pid, signum)
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
+
+
+def wait_for_job(run_dir: Path, wrapper_pid: int, *, report_wait_s: float = REPORT_WAIT_S,
+                 sidecar: bool = True, forwarder: Optional[Forwarder] = None) -> int:
+    """Block until the wrapper (a child of this process) exits; its exit status as a shell sees it.
+    `forwarder`: one installed before the launch (run_launch); else one is installed here."""
+    paths = RunPaths(run_dir)
+    if forwarder is None:
+        with Forwarder() as own:
+            own.target(wrapper_pid)
+            status = _reap(wrapper_pid)
+    else:
+        forwarder.target(wrapper_pid)
+        status = _reap(wrapper_pid)
     if sidecar:
         wait_for(lambda: paths.exit_reported.exists(), report_wait_s, 0.1)
     return _shell_status(status, read_json(paths.exit_json) or {})

@@ -113,3 +113,21 @@ def test_wait_passes_sigterm_on_and_the_run_records_a_preemption(rig: Rig) -> No
     assert proc.returncode == 128 + signal.SIGTERM
     assert (read_json(run_dir / "rgt" / "exit.json") or {}).get("preempted") is True
     assert "job.preempted" in kinds(run_dir)
+
+
+def test_a_stop_before_the_wrappers_pid_is_known_reaches_it_once_known() -> None:
+    from onbox.launchwait import Forwarder
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        with Forwarder() as forwarder:
+            os.kill(os.getpid(), signal.SIGTERM)   # the pod is stopped while the launch is still going
+            assert forwarder.pending == [signal.SIGTERM]
+            forwarder.target(child.pid)
+            assert child.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        assert child.stdin is not None
+        child.stdin.close()
