@@ -184,3 +184,17 @@ class Recorder:
     def kinds(self) -> Dict[str, int]:
         return dict(collections.Counter(k for k, _, _ in self.events))
 
+
+
+def end_box_side(run_dir: Path) -> None:
+    """End a run's box side by pid once its job has ended: SIGTERM the supervisor, which stops its
+    sidecar first, then the sidecar if it is still there; SIGKILL after 15 s. Nothing is left to
+    prove by then, so a lingering sidecar (--sidecar-linger, kept for a last checkpoint's custody)
+    is not waited out."""
+    from onbox.runs import ProcRef, end_process, read_json, wait_for
+
+    sup = read_json(run_dir / "rgt" / "supervisor.json") or {}
+    sidecar = ProcRef.from_dict(sup.get("sidecar"))
+    end_process(ProcRef.from_dict(sup), 15.0)
+    if sidecar is not None and not wait_for(lambda: not sidecar.alive(), 1.0):
+        end_process(sidecar, 15.0)

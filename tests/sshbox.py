@@ -29,6 +29,7 @@ from tests.helpers import wait_until
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 INSTALL_HINT = "sshd is not installed: run `make system-deps` (openssh-server, openssh-client, rsync)"
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def free_port() -> int:
@@ -99,9 +100,15 @@ class SshBox:
             "PermitUserRC no",
             "X11Forwarding no",
             "Subsystem sftp internal-sftp",
-            "SetEnv " + " ".join(f"{k}={v}" for k, v in {"HOME": str(self.home), **self.env}.items()),
+            "SetEnv " + " ".join(f"{k}={v}" for k, v in self.session_env().items()),
             "",
         ]))
+
+    def session_env(self) -> Dict[str, str]:
+        """What sshd sets in every session: HOME, the compute-thread limits of the tests' own
+        environment (tests/conftest.py; sshd passes a session none of ours), and self.env."""
+        threads = {k: os.environ[k] for k in THREAD_VARS if k in os.environ}
+        return {"HOME": str(self.home), **threads, **self.env}
 
     def host_public_key(self) -> str:
         """'<type> <base64>' of the current host key."""

@@ -109,12 +109,18 @@ def test_the_watcher_ends_after_the_exit_once_what_follows_it_is_stored(
     box = RealSidecar(run_dir)
     sidecars.append(box)
     box.sidecar.emit("job.started", {"pid": 1})
-    serving = Serving(Watcher(RUN, LocalLink(str(run_dir))), store.path)
+    # The watcher's clock stands still until the test moves it: however late the event after the
+    # exit arrives on a loaded machine, no settle has passed before it is stored.
+    now = [1000.0]
+    serving = Serving(Watcher(RUN, LocalLink(str(run_dir)), monotonic=lambda: now[0]), store.path)
     try:
         wait_until(lambda: "job.started" in kinds(store), 20, "the job's start stored")
         assert serving.thread.is_alive()
         box.sidecar.emit("job.exited", {"code": 0})
         box.sidecar.emit("ckpt.committed", {"path": "checkpoints/step100.pt", "step": 100})
+        wait_until(lambda: kinds(store)[-2:] == ["job.exited", "ckpt.committed"], 20, "both stored")
+        assert serving.thread.is_alive(), "the watcher ended before the settle"
+        now[0] += 0.5
         serving.thread.join(20)
         assert not serving.thread.is_alive(), "the watcher ran on after the run ended"
         assert serving.result == [0]
@@ -156,8 +162,10 @@ def test_a_watcher_process_for_an_ended_run_fetches_what_is_missing_and_exits(
     store.upsert_run(RUN, host="box", target="local", run_dir=str(run_dir))
     box.sidecar.emit("ckpt.committed", {"path": "checkpoints/final.pt", "step": 9})   # not stored yet
     pid = ensure_watcher(store, RUN)                 # as `rgt status` starts one; the sidecar lives on
-    assert pid
-    wait_until(lambda: exited(pid), 30, "the watcher to exit by itself")
+    # Its pid, or None where it had fetched, stored and exited before ensure_watcher looked (a loaded
+    # machine): what it stored, below, is the proof that one ran either way.
+    if pid is not None:
+        wait_until(lambda: exited(pid), 30, "the watcher to exit by itself")
     assert running_pid(RUN) is None
     assert kinds(store)[-1] == "ckpt.committed"
     assert store.local_events(RUN) == []             # no link.lost, no degraded: nothing went wrong

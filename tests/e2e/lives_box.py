@@ -90,6 +90,23 @@ class Story:
         self._background.append(proc)
         return proc
 
+    def start_all(self, runs: Sequence[str]) -> subprocess.Popen[str]:
+        """`rgt watch --all` left running, returned once it is known to watch `runs`. It takes in
+        the runs live when it starts, so a run that ends before it has looked is not among them; its
+        start is seen through the background watchers: those of `runs` are stopped first, and the
+        watch starts one for each run it watches, once it has read which runs are live."""
+        from controller.follow.watcher import running_pid, stop_watcher
+
+        for run in runs:
+            stop_watcher(run)
+            assert wait_for(lambda r=run: running_pid(r) is None, 15.0), f"the watcher of {run} did not end"
+        proc = self.start(extra=["--all"])
+        for run in runs:
+            wait_until(lambda r=run: running_pid(r) is not None or proc.poll() is not None, 60,
+                       f"`rgt watch --all` to take in {run}")
+        assert proc.poll() is None, f"{self.life}: `rgt watch --all` ended at once: {proc.communicate()}"
+        return proc
+
     def finish(self, proc: subprocess.Popen[str]) -> Dict[str, Any]:
         out, err = proc.communicate(timeout=WATCH_LIMIT_S)
         return self._take(out, err, proc.returncode)

@@ -19,8 +19,8 @@ from controller import paths
 from controller.box.ssh import Ssh
 from controller.follow.watcher import running_pid, stop_watcher
 from controller.store.db import Store
-from onbox.runs import ProcRef, end_process, read_json, run_status, stop_run, wait_for
-from tests.helpers import REPO, rgt_cmd
+from onbox.runs import run_status, stop_run, wait_for
+from tests.helpers import REPO, end_box_side, rgt_cmd
 from tests.sshbox import SshBox
 
 TRAIN = [sys.executable, str(REPO / "scripts" / "train_tiny.py")]
@@ -82,10 +82,7 @@ class Rgt:
             run_dir = self.run_dir(run)
             if run_status(run_dir).state in ("running", "stopping"):
                 stop_run(run_dir, 2.0)
-            sup = read_json(run_dir / "rgt" / "supervisor.json") or {}
-            for ref in (ProcRef.from_dict(sup), ProcRef.from_dict(sup.get("sidecar"))):
-                if ref is not None and not wait_for(lambda r=ref: not r.alive(), 15.0):
-                    end_process(ref, 5.0)
+            end_box_side(run_dir)
         if self.box is not None:
             Ssh(self.box.alias, control_dir=paths.state_dir() / "ssh",
                 config_file=self.box.config_file).stop_master()

@@ -293,7 +293,7 @@ def test_watch_all_over_four_runs_ends_0_only_when_all_have_ended(on_local: Rgt,
             for go in gos]
     for run in runs:
         wait_step(run, 5)
-    every = s.start(extra=["--all"])
+    every = s.start_all(runs)
     gos[0].write_text("")
     wait_stored(runs[0], "job.exited")
     stop(rgt, runs[1])

@@ -1,7 +1,7 @@
 """`rgt-onbox launch` end to end: real jobs, the real wrapper, supervisor and sidecar, real files.
 
 Every test ends what it caused by pid (`Rig.end`): the job through `stop_run`, then the supervisor and
-its sidecar, killed at a deadline if they did not end by themselves. The suite's autouse fixture
+its sidecar (SIGTERM, then SIGKILL at a deadline). The suite's autouse fixture
 fails a test that leaves a child process behind.
 """
 from __future__ import annotations
@@ -35,9 +35,9 @@ from onbox.launch import (
     launch,
     run_launch,
 )
-from onbox.runs import ProcRef, end_process, read_json, run_status, stop_run, wait_for
+from onbox.runs import ProcRef, read_json, run_status, stop_run
 from onbox.supervise import BACKOFF_CAP_S, Supervisor
-from tests.helpers import REPO, wait_until
+from tests.helpers import REPO, end_box_side, wait_until
 
 MIB = 1 << 20
 # The job waits for this file in its run dir: the test decides when it ends (not a sleep in the test).
@@ -96,10 +96,7 @@ class Rig:
         for run_dir in self.run_dirs:
             if run_status(run_dir).state in ("running", "stopping"):
                 stop_run(run_dir, 2.0)
-            sup = read_json(run_dir / "rgt" / "supervisor.json") or {}
-            for ref in (ProcRef.from_dict(sup), ProcRef.from_dict(sup.get("sidecar"))):
-                if ref is not None and not wait_for(lambda r=ref: not r.alive(), 15.0):
-                    end_process(ref, 5.0)  # it should have ended by itself: end it by pid
+            end_box_side(run_dir)
 
 
 def log_has(run_dir: Path, text: str) -> bool:

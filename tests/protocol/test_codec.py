@@ -31,6 +31,10 @@ from protocol import (
     kinds,
 )
 
+# The default Hypothesis profile (tests/conftest.py) takes the same 1000 inputs every run;
+# HYPOTHESIS_PROFILE=explore takes 5000 new ones each run.
+FUZZ_EXAMPLES = 5000 if settings.get_current_profile_name() == "explore" else 1000
+
 
 def ev(seq: int = 1, **data: object) -> Event:
     return Event(run="run-1", host="box", seq=seq, ts=1700000000.25, kind="train.progress",
@@ -176,7 +180,7 @@ def mutated_frames(draw: st.DrawFn) -> bytes:
     return bytes(raw)
 
 
-@settings(max_examples=5000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.one_of(
     st.binary(max_size=300),
     json_values.map(lambda v: json.dumps(v).encode()),

@@ -26,6 +26,10 @@ from protocol import (
 from protocol.codec import MAX_INCLUDE_CHARS, MAX_INCLUDES, decode_json
 from protocol.pull import SCHEMA, canonical_bytes, check_manifest, manifest_digest
 
+# The default Hypothesis profile (tests/conftest.py) takes the same 1000 inputs every run;
+# HYPOTHESIS_PROFILE=explore takes 3000 new ones each run.
+FUZZ_EXAMPLES = 3000 if settings.get_current_profile_name() == "explore" else 1000
+
 
 def entry(path: str, data: bytes = b"x", kind: str = "include", **extra: Any) -> Dict[str, Any]:
     e: Dict[str, Any] = {"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
@@ -192,7 +196,7 @@ def near_miss_replies(draw: st.DrawFn) -> List[bytes]:
     return frames
 
 
-@settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.one_of(near_miss_requests(), st.binary(max_size=200)), near_miss_replies())
 def test_fuzz_manifest_decoders_raise_only_protocol_error(request: bytes, reply: List[bytes]) -> None:
     for decode in (lambda: decode_request([request]), lambda: decode_reply(reply),
