@@ -65,7 +65,8 @@ def manifest_command(run: str, root: Optional[Path], includes: Tuple[str, ...], 
     Fails closed (exit 1, nothing written) when a recorded checkpoint or a roster entry is
     missing, an --include matches nothing, or a path leads out of the run dir. Exit 2 on usage.
     """
-    from .pullmanifest import MANIFEST_REL, ManifestError, build_manifest, gate_view, save_manifest
+    from .gateview import gate_view
+    from .pullmanifest import MANIFEST_REL, ManifestError, build_manifest, save_manifest
 
     if includes and roster is not None:
         raise _fail("--include and --roster do not mix: a roster lists every file itself", code=2)

@@ -1,5 +1,5 @@
-"""What a pull must bring back: <run>/rgt/PULL_MANIFEST.json (schema in protocol.pull), and the
-box's current checkpoint set for the controller's teardown gate.
+"""What a pull must bring back: <run>/rgt/PULL_MANIFEST.json (schema in protocol.pull). The box's
+current checkpoint set for the controller's teardown gate is onbox.gateview, built on the same records.
 
 The roster is every live checkpoint unit in rgt/manifest.jsonl (its newest record per path, minus
 the units the job itself rotated away: a removal line by "job", see onbox.manifest), expanded to its
@@ -29,7 +29,6 @@ import re
 import stat
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -45,11 +44,8 @@ CHUNK = 4 << 20
 DEFAULT_INCLUDES: Tuple[str, ...] = ("metrics.jsonl", "run.json", "train.log", "rgt/manifest.jsonl",
                                      "rgt/exit.json", "eval/**")
 MANIFEST_REL = f"rgt/{FILENAME}"
-GATE_SCHEMA = "rgt.gate_view"
 _HASH_TRIES = 3
 MAX_REMOVED = 5000
-MAX_GATE_ENTRIES = 200_000
-_SKIP_SCAN = frozenset({"__pycache__", "node_modules", "site-packages", "venv", ".venv", "wandb", "rgt"})
 _MAGIC = re.compile(r"[*?\[]")
 MISSING_GRACE_S = 10.0  # how long a missing recorded checkpoint may wait for custody's removal record
 
@@ -224,7 +220,7 @@ def sha256_state(path: Path, chunk: int = CHUNK) -> Tuple[str, os.stat_result]:
 # ---- the manifest -------------------------------------------------------------------------------
 
 
-def _meta(run_dir: Path) -> Dict[str, Any]:
+def run_meta(run_dir: Path) -> Dict[str, Any]:
     return read_json(run_dir / "run.json") or {}
 
 
@@ -252,7 +248,7 @@ def live_records(run_dir: Path) -> Tuple[Dict[str, manifest.Record], List[manife
     return live, gone
 
 
-def _pull_rel(root: Path, rec: manifest.Record) -> str:
+def pull_rel(root: Path, rec: manifest.Record) -> str:
     """A recorded unit's path in the pull (see onbox.ckptunits: outside units under rgt/external/)."""
     if not os.path.isabs(rec.path):
         return _clean_rel(rec.path, "recorded checkpoint")
@@ -278,7 +274,7 @@ def _resolve(root: Path, rel: str, rec: manifest.Record) -> Path:
     return path
 
 
-def _unit_files(rec: manifest.Record, rel: str) -> List[Tuple[str, Optional[Tuple[int, int, int]], str]]:
+def unit_files(rec: manifest.Record, rel: str) -> List[Tuple[str, Optional[Tuple[int, int, int]], str]]:
     """(pull path, recorded key, recorded sha256) of every file of a unit."""
     if rec.kind != manifest.DIR:
         return [(rel, rec.key, rec.sha256)]
@@ -289,8 +285,8 @@ def _checkpoint_entries(root: Path) -> List[Dict[str, Any]]:
     entries, missing = [], []
     live, _ = live_records(root)
     for _, rec in sorted(live.items()):
-        unit = _pull_rel(root, rec)
-        for rel, key, digest in _unit_files(rec, unit):
+        unit = pull_rel(root, rec)
+        for rel, key, digest in unit_files(rec, unit):
             path = root / rel
             if not os.path.lexists(path):
                 missing.append(rel)
@@ -344,7 +340,7 @@ def removed_entries(root: Path, only_job: bool = True) -> List[Dict[str, Any]]:
         if rem is None or (only_job and rem.by != "job"):
             continue
         try:
-            unit = _pull_rel(root, rec)
+            unit = pull_rel(root, rec)
         except ManifestError:
             continue
         out.append({"path": unit, "sha256": rem.sha256, "by": rem.by, "reason": rem.reason[:500],
@@ -396,7 +392,7 @@ def build_manifest(run_dir: Path, includes: Sequence[str] = DEFAULT_INCLUDES, ro
         sha, size = sha256_file(path)
         files.append({"path": rel, "size": size, "sha256": sha, "kind": "include", "hashed": "now"})
         listed.add(rel)
-    meta = _meta(root)
+    meta = run_meta(root)
     doc: Dict[str, Any] = {
         "schema": SCHEMA, "version": VERSION, "run_id": str(meta.get("id") or root.name),
         "created_at": utc_iso(), "host": host or str(meta.get("host") or os.uname().nodename.split(".")[0]),
@@ -457,146 +453,7 @@ def check_files(run_dir: Path, doc: Dict[str, Any]) -> List[str]:
     return problems
 
 
-# ---- the teardown gate's view ---------------------------------------------------------------------
-
-
-def ckpt_dir_of(run_dir: Path) -> Path:
-    """The run's checkpoint dir from run.json; an absolute path recorded under .../active/<run-id>/
-    is taken relative to `run_dir`, so a sealed run (moved to export/) still finds its own."""
-    meta = _meta(run_dir)
-    value = (meta.get("watch") or {}).get("ckpt_dir") if isinstance(meta.get("watch"), dict) else None
-    value = value or meta.get("ckpt_dir")
-    if not isinstance(value, str) or not value:
-        return Path(run_dir) / "checkpoints"
-    p = Path(value)
-    if not p.is_absolute():
-        return Path(run_dir) / p
-    parts = p.parts
-    for i in range(len(parts) - 1):
-        if parts[i] == "active" and parts[i + 1] == Path(run_dir).name:
-            return Path(run_dir).joinpath(*parts[i + 2:])
-    return p
-
-
-def _started_at(meta: Dict[str, Any]) -> Optional[float]:
-    value = meta.get("started_at")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return datetime.fromisoformat(value).timestamp()
-        except ValueError:
-            return None
-    return None
-
-
-def _walk_files(top: Path, max_depth: int, budget: List[int],
-                skip: bool = True) -> Iterator[Tuple[str, os.stat_result]]:
-    """(path, stat) of the regular files under `top`, sorted, bounded in depth and in entries;
-    `skip`: never into hidden, virtualenv or cache directories."""
-    for base, dirs, files in os.walk(top):
-        depth = os.path.relpath(base, top).count(os.sep) + (0 if base == str(top) else 1)
-        dirs[:] = sorted(d for d in dirs
-                         if depth < max_depth and not (skip and (d.startswith(".") or d in _SKIP_SCAN)))
-        budget[0] -= len(files) + len(dirs)
-        if budget[0] < 0:
-            return
-        for name in sorted(files):
-            full = os.path.join(base, name)
-            try:
-                st = os.stat(full, follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                yield full, st
-
-
-def _checkpoint_like(rel: str, st: os.stat_result) -> bool:
-    parts = rel.split("/")
-    in_unit = any(ckptunits.is_unit_dir(p) or p.startswith("checkpoint-") for p in parts[:-1])
-    return st.st_size > 0 and (ckptunits.is_weight_name(parts[-1]) or in_unit)
-
-
-def gate_view(run_dir: Path) -> Dict[str, Any]:
-    """What the box holds now, by the paths a pull uses:
-
-    - "checkpoints": every file of every live recorded unit (newest record per unit, minus those the
-      job rotated away): {pull path: {"sha256", "size", "step", "unit"}};
-    - "missing": pull paths of those files that are gone (a unit removed by "other" stays here);
-    - "removed": the units removed since they were recorded ({"path", "sha256", "by", "reason",
-      "ts", "step"}; by "job" is rotation, gone on purpose);
-    - "unrecorded": files no record covers ({"path", "size", "reason"}): in a watched place, any file
-      of the checkpoint dir or a checkpoint-like file of another place ("no_record" or "changed");
-      under the job's cwd, checkpoint-like files (*.pt *.pth *.bin *.ckpt *.safetensors, files under
-      checkpoint-*/ and other unit dirs) written since the run started and outside every watched
-      place ("outside_watch": the job wrote where custody did not look; `path` is absolute when it
-      lies outside the run dir);
-    - "partials": temporary files in watched places."""
-    root = Path(os.path.realpath(run_dir))
-    live, _ = live_records(root)
-    meta = _meta(root)
-    ckpt_dir = Path(os.path.realpath(ckpt_dir_of(root)))
-    checkpoints: Dict[str, Dict[str, Any]] = {}
-    keys: Dict[str, Optional[Tuple[int, int, int]]] = {}
-    missing: List[str] = []
-    for _, rec in sorted(live.items()):
-        try:
-            unit = _pull_rel(root, rec)
-        except ManifestError:
-            continue
-        for rel, key, digest in _unit_files(rec, unit):
-            checkpoints[rel] = {"sha256": digest, "size": key[0] if key else 0, "step": rec.step,
-                                "unit": unit}
-            keys[rel] = key
-            if not os.path.lexists(root / rel):
-                missing.append(rel)
-    places = [(ckpt_dir, True)] + [(Path(os.path.realpath(p)), False) for p in ckptunits.read_places(root)]
-    unrecorded: List[Dict[str, Any]] = []
-    partials: List[str] = []
-    budget = [MAX_GATE_ENTRIES]
-    for place, every in places:
-        inside = place == root or root in place.parents
-        base = os.path.relpath(place, root) if inside else ckptunits.external_rel(str(place))
-        for full, st in _walk_files(place, 64, budget, skip=False):
-            sub = os.path.relpath(full, place).replace(os.sep, "/")
-            rel = f"{base}/{sub}".replace(os.sep, "/")
-            if is_temporary(sub):
-                partials.append(rel)
-            elif every or _checkpoint_like(sub, st):
-                if rel not in keys or keys[rel] != (st.st_size, st.st_mtime_ns, st.st_ino):
-                    unrecorded.append({"path": rel, "size": st.st_size,
-                                       "reason": "no_record" if rel not in keys else "changed"})
-    unrecorded += _outside_watch(root, meta, [p for p, _ in places], keys)
-    return {"schema": GATE_SCHEMA, "version": 1, "run_id": str(meta.get("id") or root.name),
-            "run_dir": str(root), "at": utc_iso(),
-            "ckpt_dir": os.path.relpath(ckpt_dir, root).replace(os.sep, "/"),
-            "checkpoints": checkpoints, "unrecorded": unrecorded, "missing": sorted(missing),
-            "partials": partials, "removed": removed_entries(root, only_job=False)}
-
-
-def _outside_watch(root: Path, meta: Dict[str, Any], places: List[Path],
-                   keys: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Checkpoint-like files the job wrote under its cwd where no place is watched."""
-    cwd = meta.get("cwd")
-    if not isinstance(cwd, str) or not cwd.startswith("/") or not os.path.isdir(cwd):
-        return []
-    top = Path(os.path.realpath(cwd))
-    since = _started_at(meta)
-    out: List[Dict[str, Any]] = []
-    for full, st in _walk_files(top, 4, [MAX_GATE_ENTRIES]):
-        path = Path(full)
-        if any(p == path or p in path.parents for p in places) or (root / "rgt") in path.parents:
-            continue
-        if since is not None and st.st_mtime < since - 1:
-            continue  # there before the run started: not the job's output
-        inside = root in path.parents
-        rel = os.path.relpath(full, root).replace(os.sep, "/") if inside else full
-        if _checkpoint_like(os.path.relpath(full, top).replace(os.sep, "/"), st) and rel not in keys:
-            out.append({"path": rel, "size": st.st_size, "reason": "outside_watch"})
-    return out
-
-
 __all__ = ["CHUNK", "DEFAULT_INCLUDES", "MANIFEST_REL", "ManifestError", "build_manifest", "check_files",
-           "ckpt_dir_of", "gate_view", "glob_regex", "live_records", "match_include", "newest_records",
-           "read_roster", "removed_entries",
-           "save_manifest", "sha256_file", "write_manifest"]
+           "glob_regex", "live_records", "match_include", "newest_records",
+           "pull_rel", "read_roster", "removed_entries", "run_meta",
+           "save_manifest", "sha256_file", "unit_files", "write_manifest"]

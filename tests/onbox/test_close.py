@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from onbox import manifest, pullmanifest
 from onbox.cli_pull import close_command
 from onbox.closeout import QUARANTINE_FILE, close_run
-from onbox.pullmanifest import MANIFEST_REL, gate_view
+from onbox.gateview import gate_view
+from onbox.pullmanifest import MANIFEST_REL
 from onbox.runs import run_status
 from protocol.pull import check_manifest
 from tests.helpers import SidecarProcess, wait_until

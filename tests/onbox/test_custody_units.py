@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from onbox import hints, manifest, pullmanifest
+from onbox import gateview, hints, manifest, pullmanifest
 from onbox.custody import CustodyConfig, CustodyMonitor
 from onbox.jobs import Scheduler
 from protocol.pull import check_manifest
@@ -155,7 +155,7 @@ def test_hf_trainer_rotation_resume_and_rerun(custody: Factory, procs: List[subp
         if e["kind"] == "checkpoint":
             assert e["hashed"] == "custody" and sha(h.run / e["path"]) == e["sha256"]
     assert sorted(r["path"].rsplit("/", 1)[1] for r in doc["removed"]) == ["checkpoint-10", "checkpoint-20"]
-    view = pullmanifest.gate_view(h.run)
+    view = gateview.gate_view(h.run)
     assert view["missing"] == [] and view["unrecorded"] == [] and view["partials"] == []
     assert {v["unit"] for v in view["checkpoints"].values()} == set(units)
 
@@ -283,7 +283,7 @@ def test_removal_when_the_job_is_not_running_or_of_some_files_is_by_other(custod
     assert manifest.newest_good(h.run) is None
     with pytest.raises(pullmanifest.ManifestError, match="missing"):
         pullmanifest.build_manifest(h.run)
-    view = pullmanifest.gate_view(h.run)
+    view = gateview.gate_view(h.run)
     assert "checkpoints/checkpoint-2/optimizer.pt" in view["missing"]
     assert {r["by"] for r in view["removed"]} == {"other"}
 
@@ -328,7 +328,7 @@ def test_gate_view_names_checkpoints_written_outside_every_watched_place(tmp_pat
     (cwd / "my_saves" / "checkpoint-3" / "trainer_state.json").write_text("{}")
     (cwd / "model_final.pt").write_bytes(b"m" * 100)
     (cwd / "notes.txt").write_text("not a checkpoint")
-    view = pullmanifest.gate_view(run)
+    view = gateview.gate_view(run)
     assert view["unrecorded"] == [
         {"path": str(cwd / "model_final.pt"), "size": 100, "reason": "outside_watch"},
         {"path": str(cwd / "my_saves" / "checkpoint-3" / "trainer_state.json"), "size": 2,

@@ -13,13 +13,13 @@ from click.testing import CliRunner
 
 from onbox import manifest, pullmanifest
 from onbox.cli_pull import manifest_command
+from onbox.gateview import gate_view
 from onbox.pullmanifest import (
     DEFAULT_INCLUDES,
     MANIFEST_REL,
     ManifestError,
     build_manifest,
     check_files,
-    gate_view,
     write_manifest,
 )
 from protocol import ErrorReply, Hello, HelloReply, Manifest, ManifestReply, encode_request
