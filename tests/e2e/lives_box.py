@@ -273,8 +273,9 @@ def memory_cgroup() -> Iterator[Path]:
 
 
 # A job that joins the cgroup, grows to ~95 % of its limit (by the cgroup's own count), holds there
-# until GO exists, then grows until the kernel kills it. Pages are written, so they count.
-HOG = """import os, sys, time
+# until a byte comes through the FIFO named GO, then grows until the kernel kills it. Pages are
+# written, so they count.
+HOG = """import os, sys
 cg, go = sys.argv[1], sys.argv[2]
 with open(os.path.join(cg, "cgroup.procs"), "w") as f:
     f.write(str(os.getpid()))
@@ -290,8 +291,8 @@ held = []
 while read("memory.current", "memory.usage_in_bytes") < 0.95 * limit:
     held.append(b"x" * (2 << 20))
 print("holding at", read("memory.current", "memory.usage_in_bytes") >> 20, "MiB of", limit >> 20, flush=True)
-while not os.path.exists(go):
-    time.sleep(0.1)
+with open(go, "rb") as f:
+    f.read(1)
 while True:
     held.append(b"y" * (8 << 20))
 """

@@ -325,10 +325,15 @@ def test_an_oom_after_a_memory_warning_wakes_once(on_local: Rgt, tmp_path: Path,
     s = story(rgt, "an OOM after a memory warning, on local", story_end)
     hog, go = tmp_path / "hog.py", tmp_path / "go-oom"
     hog.write_text(HOG)
-    run = launch(rgt, "local", [sys.executable, str(hog), str(memory_cgroup), str(go)])["run_id"]
-    wait_stored(run, "mem.pressure", 60)
-    go.write_text("")
-    wait_stored(run, "job.exited", 60)
+    os.mkfifo(go)
+    writer = os.open(go, os.O_RDWR)  # never blocks, and keeps the FIFO open for the hog's read end
+    try:
+        run = launch(rgt, "local", [sys.executable, str(hog), str(memory_cgroup), str(go)])["run_id"]
+        wait_stored(run, "mem.pressure", 60)
+        os.write(writer, b"g")
+        wait_stored(run, "job.exited", 60)
+    finally:
+        os.close(writer)
     woke = s.watch(run)
     s.watch(run)
     s.expect("10", "10r")
