@@ -15,7 +15,7 @@ from typing import Iterator, List
 
 import pytest
 
-from tests.helpers import OUTSIDE_DOCUMENT
+from tests.helpers import CITED_SAMPLES, OUTSIDE_DOCUMENT
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "ARCHITECTURE.md"
@@ -97,4 +97,4 @@ def test_the_path_reader(text: str, expected: List[str]) -> None:
 def test_a_missing_path_and_a_citation_are_caught(tmp_path: Path) -> None:
     assert not _exists("onbox/no_such_module.py") and not _exists("profiles/*.nothing")
     assert _exists("profiles/*.toml") and _exists("onbox/journal.py") and _exists("controller/")
-    assert _OUTSIDE.search("as ../shared/DESIGN.md says") and not _OUTSIDE.search("the teardown gate")
+    assert _OUTSIDE.search(CITED_SAMPLES[-1]) and not _OUTSIDE.search("the teardown gate")

@@ -77,7 +77,7 @@ def test_the_shipped_profiles_are_not_stale_on_their_oldest_stamps_month() -> No
     aged = profiles.ages(today="2026-11")
     oldest = min(a.verified for a in aged)
     assert profiles.stale(today=oldest) == []
-    # On the day the seed inventory was checked, only RunPod's spot capacity gate (2026-04) is stale.
+    # On the day the profiles were last checked, only RunPod's spot capacity gate (2026-04) is stale.
     assert [(a.profile, a.key) for a in profiles.stale(today="2026-11")] == [("runpod", "spot.verified")]
 
 
