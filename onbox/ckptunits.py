@@ -29,12 +29,12 @@ import hashlib
 import json
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from onbox import ckptcheck
 from onbox.ckptcheck import is_temporary
+from onbox.fsutil import regular_files
 
 _UNIT_DIR = re.compile(r"^(?:checkpoint|ckpt|global_step|step|iter|iteration|epoch)[-_=]?\d+$"
                        r"|\.ckpt$|_fsdp_\d+$", re.I)
@@ -84,17 +84,9 @@ def signature(unit: Path) -> Sig:
     out: List[Tuple[str, Key]] = []
     for base, dirs, files in os.walk(unit):
         dirs[:] = sorted(d for d in dirs if not is_temporary(d))
-        for name in files:
-            if is_temporary(name):
-                continue
-            full = os.path.join(base, name)
-            try:
-                st = os.stat(full, follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                rel = os.path.relpath(full, unit).replace(os.sep, "/")
-                out.append((rel, (st.st_size, st.st_mtime_ns, st.st_ino)))
+        for full, st in regular_files(base, (n for n in files if not is_temporary(n))):
+            rel = os.path.relpath(full, unit).replace(os.sep, "/")
+            out.append((rel, (st.st_size, st.st_mtime_ns, st.st_ino)))
     return tuple(sorted(out))
 
 

@@ -1,11 +1,13 @@
-"""Whole-or-nothing file writes. Standard library only: the job helper and the wrapper use it too."""
+"""Whole-or-nothing file writes, and reading which entries of a directory are regular files.
+Standard library only: the job helper and the wrapper use it too."""
 from __future__ import annotations
 
 import errno
 import json
 import os
+import stat
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any, Iterable, Iterator, Mapping, Tuple, Union
 
 # Filesystems that cannot fsync a directory say so with one of these; the rename is still atomic.
 _DIR_FSYNC_UNSUPPORTED = (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF)
@@ -47,3 +49,16 @@ def write_atomic(path: Path, data: Union[str, bytes], mode: int = 0o644) -> None
 
 def write_json_atomic(path: Path, doc: Mapping[str, Any]) -> None:
     write_atomic(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+
+def regular_files(base: str, names: Iterable[str]) -> Iterator[Tuple[str, os.stat_result]]:
+    """(path, lstat) of each of `names` under `base` that is a regular file now: symlinks, other
+    kinds and entries gone since they were listed are passed over."""
+    for name in names:
+        full = os.path.join(base, name)
+        try:
+            st = os.stat(full, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            yield full, st

@@ -7,13 +7,13 @@ with a huge tree answers in bounded time and the controller's gate fails closed 
 from __future__ import annotations
 
 import os
-import stat
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import ckptunits
 from .ckptcheck import is_temporary
+from .fsutil import regular_files
 from .pullmanifest import ManifestError, live_records, pull_rel, removed_entries, run_meta, unit_files
 from .runs import utc_iso
 
@@ -63,14 +63,7 @@ def _walk_files(top: Path, max_depth: int, budget: List[int],
         budget[0] -= len(files) + len(dirs)
         if budget[0] < 0:
             return
-        for name in sorted(files):
-            full = os.path.join(base, name)
-            try:
-                st = os.stat(full, follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                yield full, st
+        yield from regular_files(base, sorted(files))
 
 
 def _checkpoint_like(rel: str, st: os.stat_result) -> bool:
