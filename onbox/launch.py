@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import IO, TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import profiles
 from protocol import PACKAGE_VERSION
@@ -84,6 +84,9 @@ from onbox.runs import (
     write_json_atomic,
 )
 from onbox.secrets import maskable, read_secrets
+
+if TYPE_CHECKING:
+    from onbox.launchwait import Forwarder
 
 RESERVED_ENV = ("RGT_RUN_ID", "RGT_RUN_DIR", "RGT_CKPT_DIR", "RGT_METRICS", "RGT_RESUME_FROM", "RGT_NODE",
                 "RGT_DURABLE_DIR")
@@ -562,7 +565,7 @@ def run_launch(opts: LaunchOptions, as_json: bool, stdout: IO[str], stderr: IO[s
 
 
 def _launch_and_report(opts: LaunchOptions, as_json: bool, stdout: IO[str], stderr: IO[str],
-                       forwarder: Any, **kwargs: Any) -> int:
+                       forwarder: Optional[Forwarder], **kwargs: Any) -> int:
     try:
         result = launch(opts, **kwargs)
     except (LaunchError, OSError) as e:

@@ -8,6 +8,7 @@ the sidecar to journal the exit before it returns the job's exit status.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -66,12 +67,8 @@ def wait_for_job(run_dir: Path, wrapper_pid: int, *, report_wait_s: float = REPO
     """Block until the wrapper (a child of this process) exits; its exit status as a shell sees it.
     `forwarder`: one installed before the launch (run_launch); else one is installed here."""
     paths = RunPaths(run_dir)
-    if forwarder is None:
-        with Forwarder() as own:
-            own.target(wrapper_pid)
-            status = _reap(wrapper_pid)
-    else:
-        forwarder.target(wrapper_pid)
+    with Forwarder() if forwarder is None else contextlib.nullcontext(forwarder) as installed:
+        installed.target(wrapper_pid)
         status = _reap(wrapper_pid)
     if sidecar:
         wait_for(lambda: paths.exit_reported.exists(), report_wait_s, 0.1)
