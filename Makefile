@@ -32,17 +32,17 @@ system-deps:
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/vermin -q --no-tips --violations -t=3.9- --eval-annotations --backport dataclasses protocol onbox profiles controller
+	$(BIN)/vermin -q --no-tips --violations -t=3.9- --eval-annotations --backport dataclasses protocol rgtlib onbox profiles controller
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --platform linux protocol onbox controller profiles
+	$(BIN)/mypy --platform linux protocol rgtlib onbox controller profiles
 
 # Four workers on two cores: most of a test's time is its jobs' paced steps and its processes'
 # waits, not CPU. loadgroup keeps the tests that share a module's fixture on one worker
 # (tests/conftest.py). The bytecode is compiled first: the environment may forbid writing it
 # (PYTHONDONTWRITEBYTECODE), and then every process a test starts would compile its imports again.
 pytest: $(STAMP) system-deps
-	$(BIN)/python -m compileall -q protocol onbox controller profiles tests scripts
+	$(BIN)/python -m compileall -q protocol rgtlib onbox controller profiles tests scripts
 	$(BIN)/pytest -q -n $${PYTEST_WORKERS:-4} --dist loadgroup
 
 # protocol/, onbox/ and the controller must run on the old Pythons of rental images and laptops.
@@ -72,10 +72,10 @@ PY39_LEFT := $(addprefix --ignore=tests/controller/,test_cli_verify.py test_safe
 py39:
 	@if $(PY39) -c 'import sys; assert sys.version_info[:2] == (3, 9)' 2>/dev/null; then \
 		$(MAKE) --no-print-directory $(VENV39)/.installed && \
-		$(VENV39)/bin/python -m compileall -q protocol onbox controller profiles tests && \
+		$(VENV39)/bin/python -m compileall -q protocol rgtlib onbox controller profiles tests && \
 		$(VENV39)/bin/rgt --help >/dev/null && \
 		$(VENV39)/bin/python -m pytest -q -p tests.click81 -n $${PYTEST_WORKERS:-4} --dist loadgroup -k "not fuzz" \
-			tests/protocol tests/onbox tests/profiles tests/controller $(PY39_LEFT) \
+			tests/protocol tests/rgtlib tests/onbox tests/profiles tests/controller $(PY39_LEFT) \
 			tests/test_layout.py::test_nothing_heavy_happens_at_import_time; \
 	else echo "py39: no python3.9 here; vermin and ruff (target py39) are the 3.9 check"; fi
 

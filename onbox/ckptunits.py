@@ -15,7 +15,7 @@ part of a unit; a unit staged under one commits when it is renamed into place.
 A directory unit is complete when its framework's last file of the save was written (HF:
 `trainer_state.json`, see `final_file`) and the directory is quiet; without a known last file, when
 it stayed quiet for the longer `unit_settle_s`. Its files are hashed one by one (`hash_dir`) and
-summed up by `manifest.unit_digest` (the hashing is the custody worker's: `onbox.custodycore`).
+summed up by `rgtlib.hashing.unit_digest` (the hashing is the custody worker's: `onbox.custodycore`).
 Standard library only: the pull manifest and the gate's view use it too.
 
 A unit outside the run dir gets a stable place in a pull: <run>/rgt/external/<name>-<8 hex>, a

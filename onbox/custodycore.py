@@ -20,11 +20,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Set, Tuple
 
+from rgtlib.hashing import CHUNK, RateLimit, sha256_stream, unit_digest
+
 from onbox import ckptcheck, ckptunits, manifest
 from onbox.custodydurable import DurableCopier
 from onbox.errors import ConfigError
 from onbox.hints import HintReader
-from onbox.sources.checkpoints import CHUNK, CheckpointWatcher, Key, RateLimit, sha256_stream, stat_key
+from onbox.sources.checkpoints import CheckpointWatcher, Key, stat_key
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +121,10 @@ def hash_dir(unit: Path, pace: RateLimit, progress: Callable[[int], None]) -> Di
             with open(unit / rel, "rb") as f:
                 if stat_key(os.fstat(f.fileno())) != key:
                     return DirHash(done, changed=True)
-                digest = sha256_stream(f, pace, _offset(progress, total))
-                if digest is None:
+                hashed = sha256_stream(f, pace, _offset(progress, total))
+                if hashed is None:
                     return DirHash(done, stopped=True)
+                digest = hashed[0]
                 check = safe_check(f, key[0], Path(rel).name)
                 if stat_key(os.fstat(f.fileno())) != key:
                     return DirHash(done, changed=True)
@@ -402,7 +405,8 @@ class CustodyCore:
         try:
             with open(unit, "rb") as f:
                 opened = stat_key(os.fstat(f.fileno()))
-                digest = sha256_stream(f, self._bucket, self._progress) if opened == key0 else None
+                hashed = sha256_stream(f, self._bucket, self._progress) if opened == key0 else None
+                digest = hashed[0] if hashed else None
                 check = safe_check(f, key0[0], os.path.basename(unit)) if digest else None
                 after_fd = stat_key(os.fstat(f.fileno()))
         except FileNotFoundError:
@@ -454,7 +458,7 @@ class CustodyCore:
             hashed = tuple(manifest.UnitFile(f.path, f.key[0], f.sha256, f.key[1], f.key[2])
                            for f in result.files)
             self._suspect_unit(unit, DIR, "bad_structure", "; ".join(f"{p}: {r}" for p, r in bad[:5]), sig0,
-                               manifest.unit_digest((f.path, f.size, f.sha256) for f in hashed), hashed,
+                               unit_digest((f.path, f.size, f.sha256) for f in hashed), hashed,
                                files=len(result.files), bad=[p for p, _ in bad[:20]])
             return
         files = tuple(manifest.UnitFile(f.path, f.key[0], f.sha256, f.key[1], f.key[2]) for f in result.files)
@@ -465,7 +469,7 @@ class CustodyCore:
         rel = os.path.relpath(unit, root)
         record = manifest.Record(
             path=self._rec_path(unit), size=sum(f.size for f in files),
-            sha256=manifest.unit_digest((f.path, f.size, f.sha256) for f in files),
+            sha256=unit_digest((f.path, f.size, f.sha256) for f in files),
             mtime_ns=max(f.mtime_ns for f in files), inode=inode, step=ckptunits.unit_step(Path(unit), rel),
             format=ckptunits.framework_of(os.path.basename(unit)), ts=self._clock(), kind=DIR, files=files,
             root=self._outside_root(unit, root))

@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
+from rgtlib.hashing import RateLimit
+
 from onbox import manifest
-from onbox.sources.checkpoints import Key, RateLimit, copy_stream, fsync_dir, sha256_uncached, unlink_quietly
+from onbox.sources.checkpoints import Key, copy_stream, fsync_dir, sha256_uncached, unlink_quietly
 
 log = logging.getLogger(__name__)
 Emit = Callable[[str, Mapping[str, Any], Optional[str]], Any]

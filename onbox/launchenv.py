@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import protocol
+import rgtlib
 from profiles import Profile
 from protocol import PACKAGE_VERSION
 
@@ -161,7 +162,8 @@ def old_python_note(interp: Interpreter) -> List[str]:
 
 
 def _package_dirs() -> List[Path]:
-    return [Path(__file__).resolve().parent, Path(protocol.__file__).resolve().parent]
+    return [Path(__file__).resolve().parent, Path(protocol.__file__).resolve().parent,
+            Path(rgtlib.__file__).resolve().parent]
 
 
 def _tree_digest(dirs: Sequence[Path]) -> str:
@@ -178,10 +180,10 @@ def _tree_digest(dirs: Sequence[Path]) -> str:
 
 
 def job_pylib(root: Path) -> Path:
-    """<root>/.rgt/pylib/<version>-<digest>/: a directory holding ONLY the pure-Python `onbox` and
-    `protocol` packages (copied once per version and source state, then renamed into place), which
-    the launcher appends to the job's PYTHONPATH. Nothing is installed into the job's environment.
-    OSError when it cannot be made (the launch goes on and says so)."""
+    """<root>/.rgt/pylib/<version>-<digest>/: a directory holding ONLY the pure-Python `onbox`,
+    `protocol` and `rgtlib` packages (copied once per version and source state, then renamed into
+    place), which the launcher appends to the job's PYTHONPATH. Nothing is installed into the job's
+    environment. OSError when it cannot be made (the launch goes on and says so)."""
     dirs = _package_dirs()
     final = Path(root) / ".rgt" / "pylib" / f"{PACKAGE_VERSION}-{_tree_digest(dirs)}"
     if all((final / d.name / "__init__.py").is_file() for d in dirs):

@@ -15,11 +15,11 @@ A directory unit (HF `checkpoint-N/`, DeepSpeed `global_stepN/`, FSDP shard dirs
      "files": [{"path": "model.safetensors", "size": .., "sha256": .., "mtime_ns": .., "inode": ..}]}
 
 The unit digest is the SHA-256 of the sorted lines "relpath\\0size\\0sha256\\n" (UTF-8), one per
-file (`unit_digest`). `path` is relative to the run dir; a unit outside the run dir (the job wrote it
-where its framework writes, e.g. HF's output_dir under the job's cwd) has an absolute `path` and
-`root`, the watched place it was found under. Every field added after the first format has a
-default, so old files read the same and old readers (which take the first format's fields) still
-read new lines.
+file (`rgtlib.hashing.unit_digest`). `path` is relative to the run dir; a unit outside the run
+dir (the job wrote it where its framework writes, e.g. HF's output_dir under the job's cwd) has an
+absolute `path` and `root`, the watched place it was found under. Every field added after the
+first format has a default, so old files read the same and old readers (which take the first
+format's fields) still read new lines.
 
 Removals are lines of their own, never a rewrite:
 
@@ -47,11 +47,10 @@ directory for HF, the `.ckpt` file for Lightning).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 FILENAME = "manifest.jsonl"
 VERSION = 1
@@ -171,14 +170,6 @@ def _key_of(path: Path) -> Optional[Tuple[int, int, int]]:
     except OSError:
         return None
     return st.st_size, st.st_mtime_ns, st.st_ino
-
-
-def unit_digest(files: Iterable[Tuple[str, int, str]]) -> str:
-    """SHA-256 over the sorted lines "relpath\\0size\\0sha256\\n" of a directory unit's files."""
-    h = hashlib.sha256()
-    for rel, size, sha in sorted(files):
-        h.update(f"{rel}\0{size}\0{sha}\n".encode("utf-8", "surrogateescape"))
-    return h.hexdigest()
 
 
 def _append_line(run_dir: Path, doc: Dict[str, Any]) -> None:
@@ -329,5 +320,4 @@ def newest_good(run_dir: Path) -> Optional[Path]:
 
 
 __all__ = ["BY", "DIR", "FILE", "Record", "Removal", "Suspect", "UnitFile", "append", "append_removal",
-           "append_suspect", "live_suspects", "newest_good", "read", "removal_of", "removals", "suspects",
-           "unit_digest"]
+           "append_suspect", "live_suspects", "newest_good", "read", "removal_of", "removals", "suspects"]

@@ -22,7 +22,6 @@ Standard library only, no threads: the sidecar runs it on its control thread, th
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from protocol.pull import FILENAME, SCHEMA, VERSION, manifest_digest
+from rgtlib.hashing import sha256_whole
 
 from . import ckptunits, manifest
 from .ckptcheck import is_temporary
@@ -202,18 +202,10 @@ def sha256_state(path: Path, chunk: int = CHUNK) -> Tuple[str, os.stat_result]:
     for _ in range(_HASH_TRIES):
         with open(path, "rb") as f:
             before = os.fstat(f.fileno())
-            h, n = hashlib.sha256(), 0
-            buf = bytearray(chunk)
-            view = memoryview(buf)
-            while True:
-                got = f.readinto(buf)
-                if not got:
-                    break
-                h.update(view[:got])
-                n += got
+            digest, n = sha256_whole(f, chunk)
             after = os.fstat(f.fileno())
         if (before.st_size, before.st_mtime_ns) == (after.st_size, after.st_mtime_ns) and n == after.st_size:
-            return h.hexdigest(), after
+            return digest, after
     raise ManifestError(f"{path} kept changing while it was hashed; try again when nothing writes it")
 
 

@@ -6,7 +6,7 @@
 `rgt resume` pushes the old run's checkpoint into the new run's checkpoint dir, or names a durable
 copy the new box sees (a network volume). PATH is a file unit (a `.pt`, a Lightning `.ckpt`) or a
 directory unit (HF `checkpoint-N/`, a DeepSpeed or FSDP shard dir). A file must hash to the given
-SHA-256; a directory's HEX is its unit digest (`onbox.manifest.unit_digest` over (relpath, size,
+SHA-256; a directory's HEX is its unit digest (`rgtlib.hashing.unit_digest` over (relpath, size,
 sha256) of every finished regular file under it, listed as custody lists a unit:
 `onbox.ckptunits.signature`, temporary names and symlinks left out). Else the launch is refused
 (exit 3) and nothing starts. A unit outside the checkpoint dir is copied in first (a temporary
@@ -20,7 +20,6 @@ Standard library only; Python 3.9.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import re
 import shutil
@@ -28,12 +27,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from rgtlib.hashing import sha256_whole, unit_digest
+
 from onbox import ckptcheck, ckptunits, manifest
 from onbox.fsutil import fsync_dir
 from onbox.launchgates import LaunchRefused, LaunchUsageError
 from onbox.pullmanifest import ManifestError, sha256_state
 
-CHUNK = 1 << 20
 HASH_TRIES = 3
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 Key = Tuple[int, int, int]
@@ -128,7 +128,7 @@ def hash_dir(unit: Path) -> Tuple[str, Tuple[manifest.UnitFile, ...]]:
         except (FileNotFoundError, LaunchRefused):
             continue
         if len(files) == len(listing) and ckptunits.signature(unit) == listing:
-            return manifest.unit_digest((f.path, f.size, f.sha256) for f in files), tuple(files)
+            return unit_digest((f.path, f.size, f.sha256) for f in files), tuple(files)
     raise _changing(unit)
 
 
@@ -141,14 +141,11 @@ def _mismatch(path: Path, found: str, want: str) -> LaunchRefused:
 
 def _copy_file(source: Path, dest: Path) -> str:
     """source -> dest (a new file), hashed while copied and fsync'd; its SHA-256."""
-    h = hashlib.sha256()
     with open(source, "rb") as fin, open(dest, "xb") as fout:
-        for chunk in iter(lambda: fin.read(CHUNK), b""):
-            h.update(chunk)
-            fout.write(chunk)
+        digest, _ = sha256_whole(fin, copy_to=fout)
         fout.flush()
         os.fsync(fout.fileno())
-    return h.hexdigest()
+    return digest
 
 
 def _copy_in(source: Path, dest: Path, want: str) -> None:
@@ -186,7 +183,7 @@ def _copy_tree(source: Path, tmp: Path) -> str:
     if not rows:
         raise LaunchRefused(f"--resume-from {source} holds no finished file: nothing to resume from",
                             "name the checkpoint directory itself (HF: out/checkpoint-N)")
-    return manifest.unit_digest(rows)
+    return unit_digest(rows)
 
 
 def _copy_dir_in(source: Path, dest: Path, want: str) -> None:

@@ -19,7 +19,8 @@ from tests.helpers import CITED_SAMPLES, OUTSIDE_DOCUMENT
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "ARCHITECTURE.md"
-TOP = ("protocol", "onbox", "controller", "profiles", "tests", "scripts", "bench", "examples", "docs")
+TOP = ("protocol", "rgtlib", "onbox", "controller", "profiles", "tests", "scripts", "bench", "examples",
+       "docs")
 SECTIONS = 9
 
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)

@@ -1,4 +1,4 @@
-"""The import rules between the four packages are enforced by ruff, per package; prove the lint bites."""
+"""The import rules between the five packages are enforced by ruff, per package; prove the lint bites."""
 from __future__ import annotations
 
 import ast
@@ -23,6 +23,10 @@ def lint(path: str, source: str) -> subprocess.CompletedProcess:
     ("protocol/x.py", "from controller import cli\n"),
     ("protocol/x.py", "import profiles\n"),
     ("protocol/x.py", "import zmq\n"),
+    ("rgtlib/x.py", "import protocol\n"),
+    ("rgtlib/x.py", "from onbox import runs\n"),
+    ("rgtlib/x.py", "import controller.render\n"),
+    ("rgtlib/x.py", "import click\n"),
     ("profiles/x.py", "import protocol\n"),
     ("onbox/x.py", "from controller.store.db import Store\n"),
     ("controller/x.py", "import onbox.journal\n"),
@@ -40,6 +44,8 @@ def test_forbidden_imports_fail_the_lint(path: str, source: str) -> None:
 @pytest.mark.parametrize("path, source", [
     ("onbox/x.py", "import protocol\n"),
     ("controller/x.py", "from protocol import Event\n"),
+    ("onbox/x.py", "from rgtlib import hashing\n"),
+    ("controller/x.py", "import rgtlib.hashing\n"),
     ("onbox/transport.py", "import zmq  # noqa: TID251\n"),
 ])
 def test_allowed_imports_pass(path: str, source: str) -> None:
@@ -51,7 +57,7 @@ def test_nothing_heavy_happens_at_import_time() -> None:
     initializes nothing (checked by importing them all in a fresh interpreter)."""
     modules = sorted(
         ".".join(p.relative_to(REPO).with_suffix("").parts)
-        for pkg in ("protocol", "onbox", "controller", "profiles")
+        for pkg in ("protocol", "rgtlib", "onbox", "controller", "profiles")
         for p in (REPO / pkg).rglob("*.py")
     )
     code = ("import sys, threading, logging\n"
@@ -63,9 +69,10 @@ def test_nothing_heavy_happens_at_import_time() -> None:
     assert out.returncode == 0, out.stderr
 
 
-def test_protocol_imports_only_the_standard_library() -> None:
+@pytest.mark.parametrize("package", ["protocol", "rgtlib"])
+def test_the_ground_floor_imports_only_the_standard_library(package: str) -> None:
     stdlib = set(sys.stdlib_module_names)
-    for path in (REPO / "protocol").rglob("*.py"):
+    for path in (REPO / package).rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]

@@ -36,7 +36,7 @@ BUILD_TIMEOUT_S = 300.0
 KEEP_BUILDS = 5
 _TOP_FILES = ("pyproject.toml", "setup.py", "setup.cfg", "MANIFEST.in", "README.md", "README.rst",
               "LICENSE", "LICENSE.txt", "LICENCE")
-_DEFAULT_PACKAGES = ("protocol", "onbox", "controller", "profiles")
+_DEFAULT_PACKAGES = ("protocol", "rgtlib", "onbox", "controller", "profiles")
 
 
 class BuildError(Exception):

@@ -36,18 +36,18 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import posixpath
 import shlex
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import profiles
 from protocol.ids import new_run_id
 from protocol.pull import FILENAME as PULL_MANIFEST
 from protocol.pull import is_temporary
+from rgtlib.hashing import unit_digest
 
 from controller import trust as boxtrust
 from controller.box.ssh import LocalShell, Ssh, SshError
@@ -229,15 +229,6 @@ def without_nonfinite(store: Store, run_id: str, candidates: List[Checkpoint],
 def _inside_rel(rel: str) -> bool:
     parts = rel.split("/")
     return not rel.startswith("/") and ".." not in parts and "" not in parts
-
-
-def unit_digest(rows: Iterable[Tuple[str, int, str]]) -> str:
-    """A directory unit's digest: SHA-256 over the sorted lines "relpath\0size\0sha256\n" (UTF-8),
-    the same as onbox.manifest.unit_digest (tests/controller/test_resume_dirs.py holds them equal)."""
-    h = hashlib.sha256()
-    for rel, size, sha in sorted(rows):
-        h.update(f"{rel}\0{size}\0{sha}\n".encode("utf-8", "surrogateescape"))
-    return h.hexdigest()
 
 
 def unit_files(unit: Path) -> List[Tuple[str, Path]]:

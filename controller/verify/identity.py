@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from protocol import pull
+from rgtlib.hashing import sha256_whole
 
 if TYPE_CHECKING:  # typing has it from 3.10; it appears only in annotations, never evaluated
     from typing_extensions import TypeGuard
@@ -286,17 +286,8 @@ def hash_file(path: Path) -> Tuple[int, str]:
     with open(fd, "rb", buffering=0) as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path}: not a regular file")
-        h = hashlib.sha256()
-        buf = bytearray(CHUNK_BYTES)
-        view = memoryview(buf)
-        size = 0
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
-            size += n
-    return size, h.hexdigest()
+        digest, size = sha256_whole(f, CHUNK_BYTES)
+    return size, digest
 
 
 HashResult = Union[Tuple[int, str], OSError]

@@ -7,8 +7,8 @@ only onbox module that imports it) and the paced reads, copies and fsyncs of che
 file moves, and a directory moved in from elsewhere into file creations). Opens, closes without a
 write (our own hasher's reads) and attribute changes are dropped too.
 
-Reads go through a `RateLimit` (a token bucket over bytes) in 1 MiB chunks, so hashing a 100 GB
-checkpoint never starves the job's own I/O; every wait in it ends at once when its stop event is set.
+Reads go through rgtlib.hashing (1 MiB reads paced by a `RateLimit`, a token bucket over bytes), so
+hashing a 100 GB checkpoint never starves the job's own I/O; every wait ends once stopped.
 
 Observers: "inotify" (Linux, events within a millisecond), "polling" (a stat walk every
 `poll_interval_s`: it sees created, modified, moved and deleted but never a close, and it is the only
@@ -19,15 +19,12 @@ watches or instances).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import io
 import logging
 import os
-import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from rgtlib.hashing import RateLimit, sha256_stream
 from watchdog.events import FileSystemEvent, FileSystemEventHandler  # noqa: TID251 (the watchdog seam)
 from watchdog.observers.polling import PollingObserver  # noqa: TID251 (the watchdog seam)
 
@@ -186,57 +183,11 @@ def _stop(observer: Any, timeout_s: float) -> None:
 
 # ---- checkpoint bytes ---------------------------------------------------------------------------
 
-CHUNK = 1 << 20
 Key = Tuple[int, int, int]  # (size, mtime_ns, inode): what a manifest record pins
 
 
 def stat_key(st: os.stat_result) -> Key:
     return st.st_size, st.st_mtime_ns, st.st_ino
-
-
-class RateLimit:
-    """A token bucket over bytes; `take` waits on `stop`, so closing never waits for a slow pace."""
-
-    def __init__(self, rate: Optional[int], burst: int, stop: threading.Event,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate
-        self.burst = burst
-        self._stop = stop
-        self._mono = monotonic
-        self._tokens = float(burst)
-        self._at = monotonic()
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> bool:
-        """Spend `n` bytes, waiting while the bucket is in debt; False once stopped."""
-        if self.rate:
-            with self._lock:
-                now = self._mono()
-                self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.rate) - n
-                self._at = now
-                debt = -self._tokens
-            if debt > 0 and self._stop.wait(debt / self.rate):
-                return False
-        return not self._stop.is_set()
-
-
-def sha256_stream(f: io.BufferedReader, pace: RateLimit,
-                  progress: Optional[Callable[[int], None]] = None) -> Optional[str]:
-    """SHA-256 of the rest of an open file in 1 MiB reads, paced; None once stopped."""
-    h = hashlib.sha256()
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    done = 0
-    while True:
-        n = f.readinto(buf)
-        if not n:
-            return h.hexdigest()
-        h.update(view[:n])
-        done += n
-        if progress is not None:
-            progress(done)
-        if not pace.take(n):
-            return None
 
 
 def sha256_uncached(path: Path, pace: RateLimit) -> Optional[str]:
@@ -246,30 +197,23 @@ def sha256_uncached(path: Path, pace: RateLimit) -> Optional[str]:
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         except (AttributeError, OSError):
             pass
-        return sha256_stream(f, pace)
+        hashed = sha256_stream(f, pace)
+        return hashed[0] if hashed else None
 
 
 def copy_stream(src: Path, dst: Path, expect: Key, pace: RateLimit) -> Optional[str]:
     """Copy src to dst (created or truncated) and fsync it; the SHA-256 of what was read, or None when
     src is no longer `expect` or we were stopped. OSError (ENOSPC, EROFS, EACCES...) propagates."""
-    h = hashlib.sha256()
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
     with open(src, "rb") as fin:
         if stat_key(os.fstat(fin.fileno())) != expect:
             return None
         with open(dst, "wb") as fout:
-            while True:
-                n = fin.readinto(buf)
-                if not n:
-                    break
-                h.update(view[:n])
-                fout.write(view[:n])
-                if not pace.take(n):
-                    return None
+            hashed = sha256_stream(fin, pace, copy_to=fout)
+            if hashed is None:
+                return None
             fout.flush()
             os.fsync(fout.fileno())
-    return h.hexdigest()
+    return hashed[0]
 
 
 def fsync_dir(path: Path) -> None:
@@ -285,5 +229,5 @@ def unlink_quietly(path: Path) -> None:
 
 
 __all__ = ["CLOSED", "CREATED", "DELETED", "MODIFIED", "MOVED", "Change", "CheckpointWatcher", "Key",
-           "RateLimit", "copy_stream", "fs_type", "fsync_dir", "is_network_fs", "sha256_stream",
-           "sha256_uncached", "stat_key", "unlink_quietly"]
+           "copy_stream", "fs_type", "fsync_dir", "is_network_fs", "sha256_uncached", "stat_key",
+           "unlink_quietly"]

@@ -27,7 +27,7 @@ from onbox.ckptcheck import is_temporary
 from onbox.custody import CustodyConfig, CustodyMonitor
 from onbox.errors import ConfigError
 from onbox.jobs import Scheduler
-from onbox.sources.checkpoints import Change, CheckpointWatcher, RateLimit, fs_type, is_network_fs
+from onbox.sources.checkpoints import Change, CheckpointWatcher, fs_type, is_network_fs
 from tests.helpers import Recorder as BaseRecorder
 
 # The 3.9 run (make py39) has no torch wheel on this disk; there these modules skip.
@@ -133,17 +133,6 @@ def state(seed: int, n: int = 16) -> Dict[str, Any]:
 ])
 def test_is_temporary(name: str, temp: bool) -> None:
     assert is_temporary(name) is temp
-
-
-def test_rate_limit_paces_and_stops() -> None:
-    stop = threading.Event()
-    bucket = RateLimit(8 << 20, 1 << 20, stop)
-    started = time.monotonic()
-    for _ in range(3):
-        assert bucket.take(1 << 20)
-    assert time.monotonic() - started >= 0.2  # 2 MiB of debt at 8 MiB/s
-    stop.set()
-    assert not bucket.take(64 << 20)  # a stop ends the wait at once
 
 
 def test_filesystem_type_picks_polling_for_network_mounts(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from onbox import gateview, hints, manifest, pullmanifest
 from onbox.custody import CustodyConfig, CustodyMonitor
 from onbox.jobs import Scheduler
 from protocol.pull import check_manifest
+from rgtlib.hashing import unit_digest
 from tests.helpers import REPO, Recorder, wait_until
 
 torch = pytest.importorskip("torch")
@@ -240,7 +241,7 @@ def test_a_unit_without_a_known_last_file_commits_once_quiet_and_temp_names_are_
     rec = manifest.read(h.run)[0]
     assert sorted(f.path for f in rec.files) == ["bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
                                                  "mp_rank_00_model_states.pt"]
-    assert rec.sha256 == manifest.unit_digest((f.path, f.size, f.sha256) for f in rec.files)
+    assert rec.sha256 == unit_digest((f.path, f.size, f.sha256) for f in rec.files)
 
 
 def test_a_hint_commits_a_unit_at_once(custody: Factory, tmp_path: Path) -> None:
@@ -352,7 +353,7 @@ def test_manifest_reads_old_lines_dir_records_and_removals(tmp_path: Path) -> No
         s = p.stat()
         files.append(manifest.UnitFile(p.name, s.st_size, sha(p), s.st_mtime_ns, s.st_ino))
     rec = manifest.Record("out/checkpoint-2", sum(f.size for f in files),
-                          manifest.unit_digest((f.path, f.size, f.sha256) for f in files),
+                          unit_digest((f.path, f.size, f.sha256) for f in files),
                           max(f.mtime_ns for f in files), 0, 2, "hf", 2.0, kind="dir", files=tuple(files))
     manifest.append(run, rec)
     assert [r.path for r in manifest.read(run)] == ["a.pt", "out/checkpoint-2"]
