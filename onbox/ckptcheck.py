@@ -3,13 +3,11 @@ ever unpickled here.
 
 A check reads what locates the tensors (and, for safetensors, a sample of their raw bytes):
 
-- safetensors: the 8-byte little-endian header length, the JSON header (measured before it is
-  parsed: nesting deeper than MAX_DEPTH, more than MAX_CONTAINERS arrays/objects or MAX_ITEMS values
-  is "bad", never a RecursionError or a MemoryError), every dtype known, every shape at most
-  MAX_RANK dims below 2^64 whose byte size fits 64 bits, every
-  tensor's byte span equal to prod(shape) x dtype size, spans contiguous (no overlap, no hole) and
-  covering the data section exactly (what the safetensors loader itself demands); then the head of
-  each float tensor is sampled for NaN/Inf (`onbox.ckptfinite`: raw bytes, nothing decoded).
+- safetensors: the header and every tensor's span, by the parser the controller's proof uses too
+  (`rgtlib.safetensors_header`: a hostile header is "bad", never a RecursionError or a MemoryError;
+  spans contiguous and covering the data section exactly, as the safetensors loader demands); then
+  the head of each float tensor is sampled for NaN/Inf (`onbox.ckptfinite`: raw bytes, nothing
+  decoded).
 - torch zip (`torch.save` since 1.6): the zip central directory parses, a `data.pkl` member exists,
   and every member's recorded span lies inside the file. No member is decompressed or read.
 - legacy torch / raw pickle: recognized by its magic and reported "unchecked" (judging a pickle
@@ -23,16 +21,15 @@ something else is "bad"; an unrecognized name with unrecognized bytes (config.js
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import json
 import os
 import re
 import struct
 import zipfile
 from pathlib import Path
-from typing import IO, Any, Dict, List, Mapping, Optional, Tuple
+from typing import IO, Any, Dict, Mapping, Optional, Tuple
 
 from protocol.pull import is_temporary  # re-exported: custody and the manifest use it from here
+from rgtlib import safetensors_header
 
 from onbox import ckptfinite
 
@@ -46,25 +43,6 @@ PICKLE = "pickle"
 OTHER = "other"
 
 TORCH_SUFFIXES = frozenset({".pt", ".pth", ".ckpt"})
-MAX_HEADER_BYTES = 100_000_000  # the safetensors loader's own cap
-MAX_DEPTH = 64                  # nesting of arrays/objects: a real header needs 3
-MAX_CONTAINERS = 3_000_000      # arrays + objects: ~3 per tensor
-MAX_ITEMS = 8_000_000           # values: bounds what json builds in memory
-MAX_RANK = 64
-MAX_U64 = (1 << 64) - 1         # the loader's usize
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-_DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
-
-# Bits per element of every dtype safetensors 0.8 knows (sub-byte dtypes pack).
-DTYPE_BITS: Dict[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
-    "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class CheckResult:
@@ -143,107 +121,13 @@ def step_of(rel: str, metadata: Optional[Mapping[str, str]] = None) -> Optional[
 
 
 def _check_safetensors(f: IO[bytes], size: int) -> CheckResult:
-    if size < 8:
-        raise _Bad(f"{size} bytes: shorter than the 8-byte header length")
-    f.seek(0)
-    (n,) = struct.unpack("<Q", f.read(8))
-    if n > MAX_HEADER_BYTES:
-        raise _Bad(f"header length {n} is over the {MAX_HEADER_BYTES}-byte cap")
-    if 8 + n > size:
-        raise _Bad(f"header length {n} runs past the end of the file ({size} bytes): truncated")
-    raw = f.read(n)
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise _Bad(f"header is not UTF-8 (byte {e.start})") from e
-    measure(text)
-    try:
-        header = json.loads(text)
-    except (ValueError, RecursionError, MemoryError) as e:  # ValueError: also a 4300-digit int
-        raise _Bad(f"header is not JSON: {type(e).__name__}: {str(e)[:200]}") from e
-    if not isinstance(header, dict):
-        raise _Bad("header is not a JSON object")
-    metadata = _metadata(header.pop("__metadata__", None))
-    spans = [_span(key, info) for key, info in header.items()]
-    _check_spans(spans, size - 8 - n)
-    nonfinite, _ = ckptfinite.sample_nonfinite(f, 8 + n, header)
-    return CheckResult(SAFETENSORS, OK, metadata=metadata, tensors=len(spans), nonfinite=tuple(nonfinite))
-
-
-def measure(text: str) -> None:
-    """Refuse (as bad) a header too deep or too large to parse safely, before json sees it:
-    strings blanked out, brackets counted and their running depth taken (regexes, C speed)."""
-    skeleton = _STRING.sub("0", text)
-    brackets = _NOT_BRACKET.sub("", skeleton)
-    containers = brackets.count("[") + brackets.count("{")
-    if containers > MAX_CONTAINERS:
-        raise _Bad(f"header holds {containers} arrays/objects (over {MAX_CONTAINERS}): refused unparsed")
-    items = skeleton.count(",") + containers
-    if items > MAX_ITEMS:
-        raise _Bad(f"header holds about {items} values (over {MAX_ITEMS}): refused unparsed")
-    depth = max(itertools.accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
-    if depth > MAX_DEPTH:
-        raise _Bad(f"header nests {depth} levels deep (over {MAX_DEPTH}): refused unparsed")
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
-
-
-def _metadata(meta: Any) -> Dict[str, str]:
-    if meta is None:
-        return {}
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise _Bad("__metadata__ is not a map of strings")
-    return dict(meta)
-
-
-def _span(key: str, info: Any) -> Tuple[int, int, str]:
-    if not isinstance(info, dict):
-        raise _Bad(f"tensor {key!r}: entry is not an object")
-    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-        raise _Bad(f"tensor {key!r}: unknown dtype {_short(dtype)}")
-    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
-        raise _Bad(f"tensor {key!r}: bad shape {_short(shape)}")
-    if len(shape) > MAX_RANK or any(d > MAX_U64 for d in shape):
-        raise _Bad(f"tensor {key!r}: shape {_short(shape)} has over {MAX_RANK} dims or a dim of 2^64 or more")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_uint(o) for o in offsets)):
-        raise _Bad(f"tensor {key!r}: bad data_offsets {_short(offsets)}")
-    begin, end = offsets
-    if end > MAX_U64:
-        raise _Bad(f"tensor {key!r}: data_offsets {_short(offsets)} reach 2^64 or more")
-    if end < begin:
-        raise _Bad(f"tensor {key!r}: data_offsets end {end} before begin {begin}")
-    bits = DTYPE_BITS[str(dtype)]
-    for d in shape:
-        bits *= d
-        if bits > MAX_U64 * 8:
-            raise _Bad(f"tensor {key!r}: shape {_short(shape)} x {dtype} overflows 64 bits")
-    if bits % 8 or bits // 8 != end - begin:
-        raise _Bad(f"tensor {key!r}: shape {shape} x {dtype} needs {bits / 8:g} bytes, "
-                   f"its span holds {end - begin}")
-    return begin, end, key
-
-
-def _is_uint(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def _check_spans(spans: List[Tuple[int, int, str]], data_len: int) -> None:
-    at = 0
-    for begin, end, key in sorted(spans):
-        if begin < at:
-            raise _Bad(f"tensor {key!r}: span {begin}..{end} overlaps the previous tensor (ends at {at})")
-        if begin > at:
-            raise _Bad(f"tensor {key!r}: span starts at {begin}, leaving a hole after {at}")
-        if end > data_len:
-            raise _Bad(f"tensor {key!r}: span {begin}..{end} ends past the data section "
-                       f"({data_len} bytes): truncated")
-        at = end
-    if at != data_len:
-        raise _Bad(f"data section is {data_len} bytes but the tensors cover {at}")
+        layout = safetensors_header.parse(f, size)
+    except safetensors_header.HeaderError as e:
+        raise _Bad(str(e)) from e
+    nonfinite, _ = ckptfinite.sample_nonfinite(f, layout.data_start, layout.tensors)
+    return CheckResult(SAFETENSORS, OK, metadata=layout.metadata, tensors=len(layout.tensors),
+                       nonfinite=tuple(nonfinite))
 
 
 # ---- torch zip ----------------------------------------------------------------------------------

@@ -16,7 +16,9 @@ exponents), never one element at a time in Python.
 from __future__ import annotations
 
 import functools
-from typing import IO, Any, Dict, List, Mapping, Tuple
+from typing import IO, Dict, Iterable, List, Tuple
+
+from rgtlib.safetensors_header import TensorSpan
 
 SAMPLE_BYTES = 64 * 1024
 FILE_BUDGET_BYTES = 8 << 20
@@ -51,13 +53,12 @@ def chunk_has_nonfinite(chunk: bytes, dtype: str) -> bool:
     return ((z - ones) & ~z & tops) != 0
 
 
-def sample_nonfinite(f: IO[bytes], data_start: int, header: Mapping[str, Any]) -> Tuple[List[str], int]:
+def sample_nonfinite(f: IO[bytes], data_start: int, tensors: Iterable[TensorSpan]) -> Tuple[List[str], int]:
     """(names of float tensors whose sampled head holds NaN/Inf, at most MAX_NAMES; bytes read).
-    `header` is the parsed safetensors header (without __metadata__), already checked for spans."""
+    `tensors`: a parsed header's (rgtlib.safetensors_header), its spans already checked."""
     found: List[str] = []
     read = 0
-    spans = sorted((info["data_offsets"][0], info["data_offsets"][1], key, info["dtype"])
-                   for key, info in header.items() if info.get("dtype") in FLOATS)
+    spans = sorted((t.begin, t.end, t.name, t.dtype) for t in tensors if t.dtype in FLOATS)
     for begin, end, key, dtype in spans:
         take = min(end - begin, SAMPLE_BYTES, FILE_BUDGET_BYTES - read)
         if take <= 0:

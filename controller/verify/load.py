@@ -2,7 +2,7 @@
 
 Each file's role (controller.verify.roles, from its name) decides how:
 
-- `.safetensors`: parsed by controller.verify.safetensors_header in this process (header and spans
+- `.safetensors`: parsed by rgtlib.safetensors_header in this process (header and spans
   only). With a finite check the tensors are also counted for NaN/Inf in the seam child (torch.frombuffer).
 - torch files (`.pt`, `.pth`, `.ckpt`; `.bin` or any other name holding a torch zip or a pickle):
   `torch.load(weights_only=True)` (companions: plus their explicit allow-list) in ONE child process
@@ -38,9 +38,10 @@ import zipfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+from rgtlib import safetensors_header
+
 from controller.verify import roles as verify_roles
 from controller.verify import safeload
-from controller.verify import safetensors_header as stcheck
 from controller.verify.identity import Progress
 from controller.verify.roles import CODE_PICKLE, COMPANION, JSON, OTHER, WEIGHTS
 
@@ -329,8 +330,8 @@ def _plan_one(rel: str, path: Path, kind: str, opts: LoadOptions, finite: bool
     finite = finite and role == WEIGHTS
     if fmt == "safetensors":
         try:
-            layout = stcheck.parse_path(path)
-        except (stcheck.HeaderError, OSError) as e:
+            layout = safetensors_header.parse_path(path)
+        except (safetensors_header.HeaderError, OSError) as e:
             return LoadResult("failed", f"safetensors: {e}", {"format": fmt}, method=method), None
         if kind == "checkpoint" and role == WEIGHTS and not layout.tensors:
             return LoadResult("failed", "holds no tensors", {"format": fmt, "tensors": 0},

@@ -150,7 +150,7 @@ class Report:
 def _tools(torch: Optional[str]) -> Dict[str, Optional[str]]:
     backend = "openssl" if type(hashlib.sha256()).__module__ == "_hashlib" else "builtin"
     return {"rgt": protocol.__version__, "python": platform.python_version(), "torch": torch,
-            "safetensors": "controller.verify.safetensors_header (own parser)",
+            "safetensors": "rgtlib.safetensors_header (own parser)",
             "hashlib": f"{backend} ({ssl.OPENSSL_VERSION})" if backend == "openssl" else backend}
 
 

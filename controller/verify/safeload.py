@@ -23,7 +23,7 @@ the legacy non-zip format, which torch cannot map). There is no weights_only=Fal
 with or without --trust-pickle: that flag only lifts the refusal of pickle files under a torch
 older than MIN_SAFE_TORCH, whose weights_only unpickler has known CVEs.
 
-safetensors files are parsed by controller.verify.safetensors_header; with --finite every floating tensor
+safetensors files are parsed by rgtlib.safetensors_header; with --finite every floating tensor
 is viewed through torch.frombuffer over a private mapping of the file and counted, in bounded chunks.
 
 The controller runs this with a timeout, so a hostile file can neither hang nor exhaust it.
@@ -41,8 +41,9 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
+from rgtlib import safetensors_header
+
 from controller.verify import roles as verify_roles
-from controller.verify import safetensors_header as stcheck
 
 MIN_SAFE_TORCH = (2, 10)  # weights_only has known CVEs below this
 CHUNK_ELEMENTS = 1 << 24  # finite check: at most this many elements (and a bool mask) at a time
@@ -205,7 +206,7 @@ def _load_torch(torch: Any, path: Path, finite: bool, role: str = verify_roles.W
 
 
 def _load_safetensors(torch: Any, path: Path, finite: bool) -> Dict[str, Any]:
-    layout = stcheck.parse_path(path)
+    layout = safetensors_header.parse_path(path)
     tally = _Tally(torch, finite)
     if not finite:
         for span in layout.tensors:

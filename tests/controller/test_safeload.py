@@ -1,5 +1,5 @@
 """The torch seam (controller.verify.safeload) and our safetensors parser
-(controller.verify.safetensors_header).
+(rgtlib.safetensors_header).
 
 The seam's logic runs in-process here (torch is already imported by the fixtures); one test runs
 the documented `python -m controller.verify.safeload` form as a child."""
@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from controller.verify import safeload
-from controller.verify import safetensors_header as stcheck
+from rgtlib import safetensors_header
 from tests.controller.verifykit import Evil
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,7 +163,7 @@ def test_the_seam_runs_as_a_module_and_prints_one_json_line(tmp_path: Path) -> N
     assert (out["ok"], out["tensors"], out["nonfinite"], out["torch"]) == (True, 1, 0, torch.__version__)
 
 
-# ---- stcheck: our safetensors parser ------------------------------------------------------------
+# ---- our safetensors header parser -------------------------------------------------------------
 
 
 def st_bytes(header: Dict[str, Any], data: bytes, raw_header: bytes = b"") -> io.BytesIO:
@@ -171,8 +171,8 @@ def st_bytes(header: Dict[str, Any], data: bytes, raw_header: bytes = b"") -> io
     return io.BytesIO(struct.pack("<Q", len(blob)) + blob + data)
 
 
-def parse(buf: io.BytesIO) -> stcheck.Layout:
-    return stcheck.parse(buf, len(buf.getvalue()))
+def parse(buf: io.BytesIO) -> safetensors_header.Layout:
+    return safetensors_header.parse(buf, len(buf.getvalue()))
 
 
 def test_parses_what_safetensors_writes(tmp_path: Path) -> None:
@@ -181,7 +181,7 @@ def test_parses_what_safetensors_writes(tmp_path: Path) -> None:
                "d": torch.arange(5, dtype=torch.int8), "e": torch.ones(2, dtype=torch.float8_e5m2),
                "f": torch.tensor(True)}
     save_file(tensors, str(path), metadata={"step": "100"})
-    layout = stcheck.parse_path(path)
+    layout = safetensors_header.parse_path(path)
     assert layout.metadata == {"step": "100"}
     with safe_open(str(path), framework="pt") as f:
         assert sorted(t.name for t in layout.tensors) == sorted(f.keys())
@@ -208,7 +208,7 @@ F32x2 = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
     ({"a": [1, 2]}, b"", "entry is not an object"),
 ])
 def test_rejects_a_lying_header(header: Dict[str, Any], data: bytes, reason: str) -> None:
-    with pytest.raises(stcheck.HeaderError) as e:
+    with pytest.raises(safetensors_header.HeaderError) as e:
         parse(st_bytes(header, data))
     assert reason in str(e.value)
 
@@ -220,16 +220,16 @@ def test_rejects_a_lying_header(header: Dict[str, Any], data: bytes, reason: str
     (b'{"a": "\xff"}', "not UTF-8"),
 ])
 def test_rejects_a_broken_header(raw: bytes, reason: str) -> None:
-    with pytest.raises(stcheck.HeaderError, match=reason):
+    with pytest.raises(safetensors_header.HeaderError, match=reason):
         parse(st_bytes({}, b"", raw_header=raw))
 
 
 def test_rejects_impossible_header_lengths() -> None:
-    with pytest.raises(stcheck.HeaderError, match="exceeds the 100000000-byte limit"):
+    with pytest.raises(safetensors_header.HeaderError, match="exceeds the 100000000-byte limit"):
         parse(io.BytesIO(struct.pack("<Q", 100_000_001) + b"{}"))
-    with pytest.raises(stcheck.HeaderError, match="runs past the end of the 12-byte file"):
+    with pytest.raises(safetensors_header.HeaderError, match="runs past the end of the 12-byte file"):
         parse(io.BytesIO(struct.pack("<Q", 5) + b"{}  "))
-    with pytest.raises(stcheck.HeaderError, match="shorter than the 8-byte header length"):
+    with pytest.raises(safetensors_header.HeaderError, match="shorter than the 8-byte header length"):
         parse(io.BytesIO(b"\x02\0\0"))
 
 

@@ -20,9 +20,9 @@ from safetensors.torch import save_file
 from controller.cli.base import RgtGroup
 from controller.cli.verify import verify_command
 from controller.teardown import gate as teardown
-from controller.verify import safetensors_header as stcheck
 from controller.verify import units as verify_units
 from controller.verify.prove import verify
+from rgtlib import safetensors_header
 from tests.controller.verifykit import VERIFIED, Evil, entries_of, make_run, tensors, write_manifest
 
 ST200 = "checkpoints/step000200.safetensors"
@@ -152,23 +152,23 @@ def test_a_hostile_header_is_a_named_header_error(tmp_path: Path, name: str) -> 
     header, length, text = HOSTILE[name]
     path = tmp_path / "x.safetensors"
     header_file(path, header, b"\0" * 4, length)
-    with pytest.raises(stcheck.HeaderError) as info:
-        stcheck.parse_path(path)
+    with pytest.raises(safetensors_header.HeaderError) as info:
+        safetensors_header.parse_path(path)
     assert text in str(info.value), str(info.value)
 
 
 def test_too_many_containers_or_values_are_refused_before_parsing(monkeypatch: pytest.MonkeyPatch,
                                                                  tmp_path: Path) -> None:
-    monkeypatch.setattr(stcheck, "MAX_CONTAINERS", 100)
+    monkeypatch.setattr(safetensors_header, "MAX_CONTAINERS", 100)
     header_file(tmp_path / "a.safetensors", b'{"x": [' + b"[]," * 200 + b"[]]}")
-    with pytest.raises(stcheck.HeaderError, match="holds 203 arrays/objects"):
-        stcheck.parse_path(tmp_path / "a.safetensors")
-    monkeypatch.setattr(stcheck, "MAX_ITEMS", 100)
+    with pytest.raises(safetensors_header.HeaderError, match="holds 203 arrays/objects"):
+        safetensors_header.parse_path(tmp_path / "a.safetensors")
+    monkeypatch.setattr(safetensors_header, "MAX_ITEMS", 100)
     header_file(tmp_path / "b.safetensors", b'{"x": [' + b"0," * 200 + b"0]}")
-    with pytest.raises(stcheck.HeaderError, match="about 202 values"):
-        stcheck.parse_path(tmp_path / "b.safetensors")
+    with pytest.raises(safetensors_header.HeaderError, match="about 202 values"):
+        safetensors_header.parse_path(tmp_path / "b.safetensors")
     header_file(tmp_path / "c.safetensors", b'{"__metadata__": {"x": "' + b"[" * 5000 + b'\\""}}')
-    layout = stcheck.parse_path(tmp_path / "c.safetensors")  # brackets inside a string are text
+    layout = safetensors_header.parse_path(tmp_path / "c.safetensors")  # brackets inside a string are text
     assert layout.tensors == () and layout.metadata == {"x": "[" * 5000 + '"'}
 
 
@@ -191,11 +191,11 @@ def test_checking_that_raises_still_writes_a_failing_report(tmp_path: Path, quie
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     run = make_run(tmp_path)
     assert verify(run).ok
-    real = stcheck.parse_path
+    real = safetensors_header.parse_path
 
     def explode(path: Path) -> Any:
         raise RecursionError("maximum recursion depth exceeded")
-    monkeypatch.setattr(stcheck, "parse_path", explode)
+    monkeypatch.setattr(safetensors_header, "parse_path", explode)
     report = verify(run)
     assert not report.ok and report.proofs["identity"]["status"] == "passed"
     assert report.failures() == ["safe_load: checking raised RecursionError: maximum recursion depth "
@@ -205,9 +205,9 @@ def test_checking_that_raises_still_writes_a_failing_report(tmp_path: Path, quie
 
     def interrupt(path: Path) -> Any:
         raise KeyboardInterrupt
-    monkeypatch.setattr(stcheck, "parse_path", real)
+    monkeypatch.setattr(safetensors_header, "parse_path", real)
     assert verify(run).ok
-    monkeypatch.setattr(stcheck, "parse_path", interrupt)
+    monkeypatch.setattr(safetensors_header, "parse_path", interrupt)
     with pytest.raises(KeyboardInterrupt):
         verify(run)
     assert stored(run)["ok"] is False  # an interrupted verification leaves no pass behind

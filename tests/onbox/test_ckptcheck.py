@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from onbox import ckptcheck
+from onbox import ckptcheck, ckptfinite
 from onbox.ckptcheck import BAD, OK, UNCHECKED, check_path
+from rgtlib.safetensors_header import DTYPE_BITS
 
 # The 3.9 run (make py39) has no torch wheel on this disk; there these modules skip.
 torch = pytest.importorskip("torch")
@@ -84,7 +85,7 @@ def _hole(h: Dict[str, Any], d: bytes) -> tuple[Dict[str, Any], bytes]:
 
 
 @pytest.mark.parametrize("mutate, words", [
-    (_lying_shape, "needs 80 bytes"),
+    (_lying_shape, "is 80 bytes but its span"),
     (_unknown_dtype, "unknown dtype 'F128'"),
     (_overlap, "overlaps"),
     (_truncated, "truncated"),
@@ -202,7 +203,7 @@ def test_every_dtype_torch_writes_is_known_with_its_size(tmp_path: Path) -> None
         result = check_path(path)
         assert result.status == OK, (name, result)
         assert _split(path)[0]["t"]["dtype"] == name
-        assert name in ckptcheck.DTYPE_BITS
+        assert name in DTYPE_BITS
 
 
 @pytest.mark.parametrize("name, step", [
@@ -221,15 +222,15 @@ def test_step_from_metadata_when_the_name_has_none() -> None:
 
 
 HOSTILE_HEADERS = {
-    "nested 100000 deep": (b"[" * 100_000 + b"]" * 100_000, "header nests 100000 levels deep (over 64)"),
+    "nested 100000 deep": (b"[" * 100_000 + b"]" * 100_000, "header nests 100000 levels deep (limit 64)"),
     "nested inside a tensor entry": (b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4], "x": '
                                      + b'{"a":' * 100_000 + b"1" + b"}" * 100_000 + b"}}",
                                      "header nests 100002 levels deep"),
-    "a 5000-digit number": (b'{"n": ' + b"9" * 5000 + b"}", "header is not JSON: ValueError"),
+    "a 5000-digit number": (b'{"n": ' + b"9" * 5000 + b"}", "header does not parse: ValueError"),
     "a dtype that is a list": (b'{"w": {"dtype": [1], "shape": [1], "data_offsets": [0, 4]}}',
                                "unknown dtype [1]"),
     "rank 65": (b'{"w": {"dtype": "U8", "shape": [' + b"1, " * 64 + b'1], "data_offsets": [0, 4]}}',
-                "has over 64 dims"),
+                "has more than 64 dimensions"),
     "a size that overflows": (b'{"w": {"dtype": "F32", "shape": [4294967296, 4294967296], '
                               b'"data_offsets": [0, 4]}}', "overflows 64 bits"),
 }
@@ -247,7 +248,7 @@ def test_a_hostile_header_is_bad_never_a_raise(tmp_path: Path, name: str) -> Non
 def test_a_check_that_raises_is_bad_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*args: Any) -> Any:
         raise RecursionError("maximum recursion depth exceeded")
-    monkeypatch.setattr(ckptcheck, "_check_spans", boom)
+    monkeypatch.setattr(ckptfinite, "sample_nonfinite", boom)
     path = _write_st(tmp_path / "m.safetensors", {"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}},
                      b"\0")
     result = check_path(path)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import json
 import struct
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 
 from onbox import ckptcheck
 from onbox.ckptfinite import FILE_BUDGET_BYTES, SAMPLE_BYTES, chunk_has_nonfinite, sample_nonfinite
+from rgtlib.safetensors_header import parse_path
 
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")
@@ -60,16 +60,11 @@ def test_reads_only_the_head_of_each_tensor_within_the_file_budget(tmp_path: Pat
     big = torch.randn(2 * SAMPLE_BYTES // 4)   # twice a sample
     big[-1] = float("nan")                      # past the sampled head: not seen (verify sees it)
     path = _file(tmp_path / "m.safetensors", {"w": big})
-    raw = path.read_bytes()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    header.pop("__metadata__", None)
-    names, read = sample_nonfinite(io.BytesIO(raw), 8 + n, header)
+    layout = parse_path(path)
+    names, read = sample_nonfinite(io.BytesIO(path.read_bytes()), layout.data_start, layout.tensors)
     assert names == [] and read == SAMPLE_BYTES
     many = {f"t{i}": torch.randn(SAMPLE_BYTES // 4) for i in range(FILE_BUDGET_BYTES // SAMPLE_BYTES + 4)}
     path = _file(tmp_path / "many.safetensors", many)
-    raw = path.read_bytes()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    header.pop("__metadata__", None)
-    assert sample_nonfinite(io.BytesIO(raw), 8 + n, header)[1] == FILE_BUDGET_BYTES
+    layout = parse_path(path)
+    _, read = sample_nonfinite(io.BytesIO(path.read_bytes()), layout.data_start, layout.tensors)
+    assert read == FILE_BUDGET_BYTES
