@@ -270,8 +270,10 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
     It also arms the box's dead-man lease (--deadman, default 2h) and starts its daemon.
     Exit 0 launched, 1 failed, 2 bad usage, 3 refused.
     """
+    from rgtlib.units import parse_duration, parse_size
+
     from .launch import LaunchOptions, run_launch
-    from .runs import parse_duration, parse_size
+
 
     try:
         min_free_bytes = parse_size(min_free)
@@ -312,7 +314,9 @@ def stop(run: str, root: Optional[Path], grace: str, as_json: bool) -> None:
     recorded (pid and start time) is signalled, never the sidecar; rgt/stop.json says the
     stop was asked for. Exit 0 when stopped (or not running), 1 when it cannot be.
     """
-    from .runs import default_root, parse_duration, render_stop, resolve_run, stop_run
+    from rgtlib.units import parse_duration
+
+    from .runs import default_root, render_stop, resolve_run, stop_run
 
     try:
         grace_s = parse_duration(grace)
@@ -373,8 +377,9 @@ def follow(ctx: click.Context, run_dir: Path, node: Optional[str], wait_start: s
     for that), 1 when no job appeared within --wait-start, 2 on bad usage.
     """
     _setup_logging("debug" if ctx.obj["debug"] else log_level)
+    from rgtlib.units import parse_duration
+
     from .follow import Follower, FollowError, FollowUsageError, lower_priority, resolve_run_dir
-    from .runs import parse_duration
 
     try:
         wait_s, linger_s = parse_duration(wait_start), parse_duration(linger)

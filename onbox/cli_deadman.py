@@ -19,12 +19,12 @@ DURATION_HELP = "A duration: 90s, 30m, 2h, or plain seconds."
 
 
 class Duration(click.ParamType):  # type: ignore[type-arg]
-    """"30m", "2h", "90s" -> seconds (onbox.runs.parse_duration); a bad one is a usage error."""
+    """"30m", "2h", "90s" -> seconds (rgtlib.units.parse_duration); a bad one is a usage error."""
 
     name = "DURATION"
 
     def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> float:
-        from .runs import parse_duration
+        from rgtlib.units import parse_duration
 
         if isinstance(value, float):
             return value

@@ -104,7 +104,7 @@ def manifest_command(run: str, root: Optional[Path], includes: Tuple[str, ...], 
             "includes": len(files) - ckpts,
             "total_bytes": doc["total_bytes"], "hashed_now": sum(1 for f in files if f["hashed"] == "now")}))
     else:
-        from .runs import human_bytes
+        from rgtlib.units import human_bytes
 
         click.echo(f"wrote {path}")
         click.echo(f"  {len(files)} files ({ckpts} checkpoints), {human_bytes(doc['total_bytes'])}, "

@@ -15,13 +15,14 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from rgtlib.units import human_bytes
+
 from onbox.errors import OnboxError
 from onbox.runs import (
     JobRecord,
     ProcRef,
     RunPaths,
     end_process,
-    human_bytes,
     nearest_existing,
     newest_checkpoint_in,
     newest_checkpoint_of,

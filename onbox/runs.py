@@ -80,32 +80,6 @@ def utc_iso(ts: Optional[float] = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() if ts is None else ts))
 
 
-def parse_duration(text: str) -> float:
-    """"30s", "2m", "1.5h", "45" (seconds) -> seconds."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*", str(text))
-    if not m:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 2m, 1h)")
-    scale = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "h": 3600.0}[m.group(2)]
-    return float(m.group(1)) * scale
-
-
-def parse_size(text: str) -> int:
-    """"1GiB", "500M", "2g", "1048576" -> bytes (K/M/G/T are binary units)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", str(text), re.IGNORECASE)
-    if not m:
-        raise ValueError(f"not a size: {text!r} (use e.g. 1GiB, 500M)")
-    power = " kmgt".index(m.group(2).lower() or " ")
-    return int(float(m.group(1)) * (1 << (10 * power)))
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024.0
-    return f"{n:.1f} TiB"
-
-
 # ---- processes ----------------------------------------------------------------------------------
 
 
@@ -564,7 +538,7 @@ def render_stop(result: StopResult, as_json: bool, out: IO[str]) -> None:
 
 
 __all__ = ["JobRecord", "ProcRef", "RunError", "RunPaths", "RunStatus", "StopResult", "boot_id",
-           "default_root", "end_process", "group_members", "human_bytes", "journal_tail", "list_runs",
-           "nearest_existing", "newest_checkpoint_in", "newest_checkpoint_of", "parse_duration",
-           "parse_size", "proc_stat", "read_json", "render_ps", "render_stop", "resolve_run", "run_dirs",
+           "default_root", "end_process", "group_members", "journal_tail", "list_runs",
+           "nearest_existing", "newest_checkpoint_in", "newest_checkpoint_of",
+           "proc_stat", "read_json", "render_ps", "render_stop", "resolve_run", "run_dirs",
            "run_status", "stop_run", "utc_iso", "wait_for", "write_atomic", "write_json_atomic"]

@@ -30,6 +30,8 @@ import shlex
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from rgtlib.units import human_bytes
+
 from controller.box.ssh import Shell
 
 DEFAULT_LIMIT_BYTES = 200 << 20
@@ -162,31 +164,17 @@ class Scan:
     def check_size(self, limit_bytes: Optional[int]) -> None:
         if limit_bytes is None or self.total_bytes <= limit_bytes:
             return
-        top = ", ".join(f"{name} {human(size)}" for name, size in self.biggest())
-        raise CodeError(f"the code in {self.root} is {human(self.total_bytes)} in {len(self.files)} files, "
-                        f"over the {human(limit_bytes)} limit; biggest: {top}",
+        top = ", ".join(f"{name} {human_bytes(size)}" for name, size in self.biggest())
+        size = human_bytes(self.total_bytes)
+        raise CodeError(f"the code in {self.root} is {size} in {len(self.files)} files, "
+                        f"over the {human_bytes(limit_bytes)} limit; biggest: {top}",
                         hint=f"leave data and outputs out with {self.root}/.rgtignore (gitignore syntax), "
                              "or pass --yes (or --code-limit SIZE) to copy it anyway")
-
-
-def parse_size(text: str) -> int:
-    """`200MiB`, `1G`, `500k`, `1048576` as bytes (binary units); ValueError otherwise."""
-    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", text, re.IGNORECASE)
-    if not m:
-        raise ValueError(f"not a size: {text!r} (e.g. 200MiB, 1GiB)")
-    return int(float(m.group(1)) * (1 << (10 * " kmgt".index(m.group(2).lower() or " "))))
 
 
 def _literal(rel: str) -> str:
     """`rel` as a pattern that matches only itself, in both rsync's wildmatch and fnmatch."""
     return "".join(f"[{c}]" if c in "*?[" else "?" if c == "\\" else c for c in rel)
-
-
-def human(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.1f} {unit}"
-    return f"{n} B"
 
 
 def _is_venv(path: str) -> bool:
@@ -254,4 +242,4 @@ def sync(shell: Shell, scan: Scan, remote_dir: str, timeout_s: float = 3600) -> 
 
 
 __all__ = ["BUILTIN_IGNORES", "DEFAULT_LIMIT_BYTES", "CodeError", "Rule", "Scan", "code_dir_on_box",
-           "human", "ignored", "parse_rule", "parse_size", "project_for", "read_rules", "scan_tree", "sync"]
+           "ignored", "parse_rule", "project_for", "read_rules", "scan_tree", "sync"]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from protocol.ids import new_run_id
+from rgtlib.units import human_bytes
 
 from controller import trust as boxtrust
 from controller.box import codesync
@@ -72,7 +73,7 @@ def _sync_code(shell: Shell, code: Code, root: Optional[str], project: str,
         scan = codesync.scan_tree(code.code)
         scan.check_size(code.limit_bytes)
         where = codesync.code_dir_on_box(shell, root, project)
-        progress(f"code: {len(scan.files)} files, {codesync.human(scan.total_bytes)} from {scan.root} to "
+        progress(f"code: {len(scan.files)} files, {human_bytes(scan.total_bytes)} from {scan.root} to "
                  f"{shell.alias}:{where} ({len(scan.left_out)} entries left out)")
         codesync.sync(shell, scan, where)
     except codesync.CodeError as e:

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -25,27 +24,33 @@ from types import FrameType
 from typing import Any, Iterator, Optional, Sequence
 
 import click
+from rgtlib.units import parse_duration
 
 from controller import render
 from controller.store.db import StoreError
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$")
-_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    """90, 90s, 15m, 6h, 1d (and 1.5h) as seconds; ValueError otherwise."""
-    m = _DURATION.match(text or "")
-    if not m:
-        raise ValueError(f"{text!r} is not a duration (like 90, 90s, 15m, 6h, 1d)")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
-
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+
+
+def duration(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
+    """A click callback: a DUR option as seconds (rgtlib.units' grammar: 90, 90s, 15m, 6h, 1d);
+    a usage error when malformed, None when not given."""
+    try:
+        return None if value is None else parse_duration(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx, param) from e
+
+
+def positive_duration(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
+    """`duration`, and more than 0."""
+    seconds = duration(ctx, param, value)
+    if seconds is not None and seconds <= 0:
+        raise click.BadParameter("must be more than 0", ctx, param)
+    return seconds
 
 
 # ---- errors, exit codes, logging ---------------------------------------------

@@ -19,7 +19,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import click
 
 from controller import render
-from controller.cli.base import JSON_OPTION, CliError, RgtCommand, RgtGroup, emit_json, sigterm_as_interrupt
+from controller.cli.base import (
+    JSON_OPTION,
+    CliError,
+    RgtCommand,
+    RgtGroup,
+    duration,
+    emit_json,
+    sigterm_as_interrupt,
+)
 from controller.queue import dispatch as queuerun
 from controller.queue import model as q
 from controller.store.db import Store
@@ -36,15 +44,6 @@ class QueueGroup(RgtGroup):
         if args and not args[0].startswith("-") and args[0] not in self.commands:
             return "start", self.commands["start"], list(args)
         return super().resolve_command(ctx, args)
-
-
-def _duration(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
-    from controller.cli.base import parse_duration
-
-    try:
-        return None if value is None else parse_duration(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e), ctx, param) from e
 
 
 def _hosts(ctx: click.Context, param: click.Parameter, value: str) -> List[str]:
@@ -163,7 +162,7 @@ def queue_group() -> None:
 @click.option("--name", default=None, help="Queue name (default: FILE's stem).")
 @click.option("--max-attempts", type=click.IntRange(min=1), default=q.DEFAULT_MAX_ATTEMPTS, show_default=True,
               help="Attempts per cell, counting the first.")
-@click.option("--link-budget", "link_budget_s", default="15m", show_default=True, callback=_duration,
+@click.option("--link-budget", "link_budget_s", default="15m", show_default=True, callback=duration,
               metavar="DUR", help="How long a cell's link may stay down before it is retried elsewhere.")
 @click.option("--onbox-arg", "onbox_args", multiple=True, metavar="ARG",
               help="Extra `rgt-onbox launch` argument for every cell, repeatable.")

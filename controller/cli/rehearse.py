@@ -18,23 +18,13 @@ from controller.cli.base import (
     CliError,
     RgtCommand,
     emit_json,
-    parse_duration,
+    positive_duration,
     sigterm_as_interrupt,
 )
 from controller.rehearse.checks import Stage
 from controller.rehearse.run import Rehearsal, RehearseOptions, RehearseResult
 
 EXIT_FAILED = 1
-
-
-def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
-    try:
-        seconds = parse_duration(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e), ctx, param) from e
-    if seconds <= 0:
-        raise click.BadParameter("must be more than 0", ctx, param)
-    return seconds
 
 
 def _progress(stage: Stage) -> None:
@@ -67,11 +57,11 @@ def render_result(result: RehearseResult) -> None:
               help="After the resume check, stop the job (SIGTERM) once it logs step N "
                    "(default: let it run to its own end).")
 @click.option("--timeout", "timeout_s", default="10m", show_default=True, metavar="DUR",
-              callback=_duration, help="Give up on the whole rehearsal after this long.")
+              callback=positive_duration, help="Give up on the whole rehearsal after this long.")
 @click.option("--stall-floor", "stall_floor_s", default="30s", show_default=True, metavar="DUR",
-              callback=_duration, help="Silence the sidecar calls a stall (a stage fails on it).")
-@click.option("--grace", "grace_s", default="30s", show_default=True, metavar="DUR", callback=_duration,
-              help="With --steps: time from the SIGTERM to the SIGKILL.")
+              callback=positive_duration, help="Silence the sidecar calls a stall (a stage fails on it).")
+@click.option("--grace", "grace_s", default="30s", show_default=True, metavar="DUR",
+              callback=positive_duration, help="With --steps: time from the SIGTERM to the SIGKILL.")
 @click.option("--keep", is_flag=True, help="Keep the private run directory after a pass too.")
 @click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="The job's working directory (default: this one); a framework's default output_dir "

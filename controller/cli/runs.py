@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import click
+from rgtlib.units import parse_size
 
 from controller import render
-from controller.box import codesync
 from controller.box import jobs as boxes
 from controller.box.jobs import LOCAL, BoxError
 from controller.box.ssh import Ssh, SshError
@@ -178,7 +178,7 @@ def launch_command(host: str, command: Sequence[str], profile: Optional[str], ru
     With --json: one object with run_id, run_dir, host, pid, watcher_pid.
     """
     try:
-        limit = None if yes else codesync.parse_size(code_limit)
+        limit = None if yes else parse_size(code_limit)
     except ValueError as e:
         raise CliError(f"--code-limit: {e}") from e
     with Store.open() as store:

@@ -23,9 +23,16 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
 import click
 import protocol
+from rgtlib.units import parse_duration
 
 from controller import paths
-from controller.cli.base import CliError, RgtCommand, emit_json, parse_duration, sigterm_as_interrupt
+from controller.cli.base import (
+    CliError,
+    RgtCommand,
+    duration,
+    emit_json,
+    sigterm_as_interrupt,
+)
 from controller.errors import StoreCorrupt
 from controller.insight.catalog import CatalogError
 from controller.insight.explain import entry_for_event
@@ -42,14 +49,6 @@ from controller.wake.watch import WatchResult, watch
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = "6h"
-
-
-def _duration(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[float]:
-    """A click callback: DUR options as seconds (a usage error when malformed)."""
-    try:
-        return None if value is None else parse_duration(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e), ctx, param) from e
 
 
 def needs_watcher(store: Store, run: str) -> bool:
@@ -390,9 +389,9 @@ def _show(scope: str, stored: Dict[str, Any], effective: wake.Policy) -> str:
 @click.option("--min-sev", type=click.Choice(protocol.SEVERITIES), help="Lowest severity that wakes.")
 @click.option("--quiet", multiple=True, metavar="HH:MM-HH:MM",
               help="Local-time quiet hours (only critical events and job exits wake); 'off' clears.")
-@click.option("--flap-window", callback=_duration, metavar="DUR",
+@click.option("--flap-window", callback=duration, metavar="DUR",
               help="A condition that woke does not wake again within DUR.")
-@click.option("--link-budget", callback=_duration, metavar="DUR",
+@click.option("--link-budget", callback=duration, metavar="DUR",
               help="How long the link may stay down before `rgt watch` exits 4.")
 @click.option("--reset", is_flag=True, help="Forget the stored policy first.")
 @click.option("--json", "as_json", is_flag=True, help="{\"scope\", \"stored\", \"effective\"} as JSON.")

@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import profiles
 from protocol import PACKAGE_VERSION
+from rgtlib.units import human_bytes
 
 from controller import paths
 from controller.box import probe as boxprobe
@@ -197,10 +198,6 @@ def _sha256(path: Path) -> str:
     return hash_file(path)[1]
 
 
-def _human(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
-
-
 # ---- the steps ----------------------------------------------------------------------------------
 
 
@@ -318,7 +315,8 @@ def _copy(shell: Shell, box: boxprobe.BoxPython, wheels: Sequence[Wheel],
         progress(f"copy: nothing new ({len(wheels)} wheels already in {box.wheels_dir})")
         return 0, 0
     size = sum(p.stat().st_size for p in todo)
-    progress(f"copy: {len(todo)} file{'s' if len(todo) != 1 else ''}, {_human(size)} to {box.wheels_dir}")
+    files = f"{len(todo)} file{'s' if len(todo) != 1 else ''}"
+    progress(f"copy: {files}, {human_bytes(size)} to {box.wheels_dir}")
     shell.put(todo, box.wheels_dir)
     return len(todo), size
 

@@ -6,12 +6,11 @@ import shlex
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Sequence
+from typing import Any, Dict, Iterator, List, Sequence
 
 import pytest
 from click.testing import CliRunner, Result
 
-from controller.cli import base as clibase
 from controller.cli import watch as cli_watch
 from controller.cli.base import RgtGroup
 from controller.store.db import Store
@@ -362,14 +361,6 @@ def test_the_command_with_json_and_a_timeout(store: Store) -> None:
     assert result.exit_code == 3
     assert one_json_line(result)["exit"] == 3
     assert result.stderr == ""
-
-
-def test_durations() -> None:
-    parse: Callable[[str], float] = clibase.parse_duration
-    assert [parse(t) for t in ("90", "90s", "15m", "6h", "1d", "1.5h")] == [90, 90, 900, 21600, 86400, 5400]
-    with pytest.raises(ValueError):
-        parse("-5m")
-    assert clibase.parse_duration(" 2m ") == 120
 
 
 def test_help_states_the_exit_codes() -> None:

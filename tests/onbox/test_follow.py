@@ -76,7 +76,7 @@ def test_bad_usage_exits_2(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("SLURM_NODEID", "JOB_COMPLETION_INDEX",
                                                             "SKYPILOT_NODE_RANK", "NODE_RANK", "GROUP_RANK")}
     for args, message in ((["--node", "auto"], "error: --node auto found none of"),
-                          (["--wait-start", "soon"], "error: not a duration")):
+                          (["--wait-start", "soon"], "error: 'soon' is not a duration")):
         done = subprocess.run(onbox_cmd("follow", str(tmp_path / "r"), *args), cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)

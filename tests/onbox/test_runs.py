@@ -19,8 +19,6 @@ from onbox.runs import (
     journal_tail,
     list_runs,
     newest_checkpoint_of,
-    parse_duration,
-    parse_size,
     render_ps,
     resolve_run,
     run_status,
@@ -187,25 +185,6 @@ def test_stop_escalates_to_the_recorded_group_only(tmp_path: Path, sleepers: Lis
     stop = json.loads((run_dir / "rgt" / "stop.json").read_text())
     assert stop["escalated"] is True and stop["pgid"] == ref.pid and stop["grace_s"] == 0.2
     assert run_status(run_dir).state == "stopping"
-
-
-@pytest.mark.parametrize("text, seconds", [("30s", 30), ("2m", 120), ("1.5h", 5400), ("45", 45),
-                                           ("250ms", 0.25)])
-def test_parse_duration(text: str, seconds: float) -> None:
-    assert parse_duration(text) == pytest.approx(seconds)
-
-
-@pytest.mark.parametrize("text, size", [("1GiB", 1 << 30), ("500M", 500 << 20), ("2g", 2 << 30),
-                                        ("1048576", 1 << 20), ("1.5K", 1536)])
-def test_parse_size(text: str, size: int) -> None:
-    assert parse_size(text) == size
-
-
-def test_bad_duration_and_size() -> None:
-    with pytest.raises(ValueError):
-        parse_duration("soon")
-    with pytest.raises(ValueError):
-        parse_size("lots")
 
 
 def test_newest_checkpoint_prefers_the_manifest_and_sums_a_directory(tmp_path: Path) -> None:
