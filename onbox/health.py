@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
+from onbox.callrunner import CallRunner, CallTimeout
 from onbox.detectors.gpu import FAULT_REASONS, GpuThresholds, hot_and_slow
-from onbox.probes import RoundWorker, init_probe, make_probe
+from onbox.probes import init_probe, make_probe
 from onbox.sources import host
 from onbox.sources.fake_gpu import TICK_S, ScriptedProbe
 from onbox.sources.gpu import GpuInfo, GpuProbe, GpuSample, XidEvent, decode_reasons
@@ -105,34 +106,36 @@ def _sample(probe: GpuProbe, devices: Sequence[GpuInfo], rounds: int, interval_s
             timeout_s: float, pace: Optional[Callable[[float], None]]) -> _Seen:
     seen = _Seen({d.index: [] for d in devices})
     pace_fn = pace or _default_pace(probe, seen)
-    worker = RoundWorker("rgt-health-sampler")
+    runner = CallRunner("rgt-health-sampler")
+    sampling: List[Optional[int]] = [None]  # the GPU the round is reading now
 
     def one_round() -> List[GpuSample]:
         out = []
         for info in devices:
-            worker.current = info.index
+            sampling[0] = info.index
             try:
                 out.append(probe.sample(info.index))
             except Exception as e:  # one bad GPU degrades only its own record
                 out.append(GpuSample(info.index, time.time(), error=f"{type(e).__name__}: {e}"))
         return out
 
+    runner.start()
     try:
         for r in range(rounds):
             if r:
                 pace_fn(interval_s)
             _drain_xids(probe, seen)
-            worker.submit(one_round)
-            if not worker.wait(timeout_s):
-                seen.hung = worker.current
+            try:
+                result = runner.call("a GPU sampling round", one_round, timeout_s)
+            except CallTimeout:
+                seen.hung = sampling[0]
                 break
-            result, _ = worker.take()
-            for s in result or []:
+            for s in result:
                 seen.samples[s.index].append(s)
         _drain_xids(probe, seen)
     finally:
         probe.close()  # releases a stuck call where the probe can
-        worker.close(timeout_s)
+        runner.stop(timeout_s)
     return seen
 
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
+from onbox.callrunner import CallRunner, CallTimeout, RunnerClosed
 from onbox.detectors.aggregate import GpuWindow
 from onbox.detectors.disk import DiskDetector, DiskThresholds
 from onbox.detectors.gpu import (
@@ -37,7 +38,7 @@ from onbox.detectors.job import ExitRecord, JobDetector, parse_exit_record
 from onbox.detectors.memory import MemoryDetector, MemReading, MemThresholds
 from onbox.detectors.xids import GPU_OFF_THE_BUS, XidReporter, recovery_for
 from onbox.jobs import FunctionJob, PeriodicJob
-from onbox.probes import RoundWorker, init_probe, make_probe
+from onbox.probes import init_probe, make_probe
 from onbox.sources import host
 from onbox.sources.fake_gpu import TICK_S, ScriptedProbe
 from onbox.sources.gpu import Capability, GpuInfo, GpuProbe, GpuProcess, GpuSample, XidEvent
@@ -126,7 +127,8 @@ class HealthMonitor:
         self._kmsg_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
-        self._worker = RoundWorker("rgt-gpu-sampler")
+        self._runner = CallRunner("rgt-gpu-sampler")
+        self._sampling: Optional[int] = None  # the GPU the round is reading now
         self._stuck = False
         self._devices: List[GpuInfo] = []
         self._latest: Dict[int, GpuSample] = {}
@@ -240,14 +242,14 @@ class HealthMonitor:
         for thread in self._threads:
             thread.join(5.0)
         self._threads = []
-        self._worker.close(5.0)
+        self._runner.stop(5.0)
         with self._kmsg_lock:
             if self._kmsg is not None:
                 self._kmsg.close()
 
     def wait_gpu_idle(self, timeout_s: float) -> bool:
-        """Wait until no sampling round is in flight (tests; shutdown)."""
-        return self._worker.wait(timeout_s)
+        """Wait until no sampling round is stuck (tests; shutdown)."""
+        return self._runner.wait_recovered(timeout_s)
 
     def _emit_all(self, findings: Sequence[Finding]) -> None:
         for f in findings:
@@ -258,28 +260,27 @@ class HealthMonitor:
     def gpu_tick(self) -> None:
         """One sampling round of every GPU (bounded by `gpu_round_timeout_s`), then the detectors."""
         now = self._mono()
-        timeout = self.config.gpu_round_timeout_s
-        if self._worker.busy:
-            if not self._worker.wait(0.0 if self._stuck else timeout):
-                self._round_hung(now)
-                return
-            self._worker.take()  # a round that came back late: its readings are stale
-        self._stuck = False
-        self._worker.submit(self._sample_round)
-        if not self._worker.wait(timeout):
+        self._runner.start()
+        try:
+            samples = self._runner.call("a GPU sampling round", self._sample_round,
+                                        self.config.gpu_round_timeout_s)
+        except CallTimeout:  # this round hung, or an earlier one still has: the readings are late
             self._round_hung(now)
             return
-        samples, error = self._worker.take()
-        if error is not None:
+        except RunnerClosed:
+            return
+        except Exception as error:  # the round raised: the probe is unhealthy, the sidecar goes on
+            self._stuck = False
             self._emit_all(self._probe_health.update(True, now, f"sampling failed: {error!r}"))
             return
+        self._stuck = False
         self._process_round(samples, now)
         if self._advance_fake and isinstance(self._probe, ScriptedProbe):
             self._probe.advance(max(1, round(self.config.gpu_sample_s / TICK_S)))
 
     def _round_hung(self, now: float) -> None:
         self._stuck = True
-        gpu = self._worker.current
+        gpu = self._sampling
         text = (f"GPU probe call for GPU {gpu} did not return within "
                 f"{self.config.gpu_round_timeout_s:g} s (driver hang?)")
         self._emit_all(self._probe_health.update(True, now, text, [gpu] if gpu is not None else []))
@@ -288,12 +289,12 @@ class HealthMonitor:
         assert self._probe is not None
         out = []
         for info in self._devices:
-            self._worker.current = info.index
+            self._sampling = info.index
             try:
                 out.append(self._probe.sample(info.index))
             except Exception as e:  # one bad GPU degrades only its own record
                 out.append(GpuSample(info.index, self._clock(), error=f"{type(e).__name__}: {e}"))
-        self._worker.current = None
+        self._sampling = None
         return out
 
     def _process_round(self, samples: Sequence[GpuSample], now: float) -> None:
@@ -587,4 +588,4 @@ class HealthMonitor:
                 self._emit("disk.sample", {"filesystems": rows}, None)
 
 
-__all__ = ["HealthMonitor", "MonitorConfig", "RoundWorker", "init_probe", "make_probe"]
+__all__ = ["HealthMonitor", "MonitorConfig", "init_probe", "make_probe"]

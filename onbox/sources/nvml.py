@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from onbox.sources.gpu import RECOVERY_ACTIONS, Capability, GpuInfo, GpuProcess, GpuSample, XidEvent
-from onbox.sources.nvml_worker import CallRunner, CallTimeout, RunnerClosed
+from onbox.callrunner import CallRunner, CallTimeout, RunnerClosed
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from onbox.sources.gpu import (
     decode_reasons,
 )
 from onbox.sources.nvml import NvmlProbe
-from onbox.sources.nvml_worker import CallRunner, CallTimeout, RunnerClosed
+from onbox.callrunner import CallRunner, CallTimeout, RunnerClosed
 from tests.helpers import wait_until
 
 WAIT_S = 5.0  # upper bound for anything that should happen "now"; never a sleep

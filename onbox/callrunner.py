@@ -1,8 +1,9 @@
-"""The one worker thread that runs NVML calls, each with a timeout.
+"""A worker thread that runs calls one at a time, each with a timeout: every NVML call
+(onbox/sources/nvml.py) and every GPU sampling round (onbox/monitor.py, onbox/health.py).
 
-Pure threading, no NVML: nvml.py hands it callables. A call that does not
-return in time marks the runner degraded; later calls fail fast until the
-stuck call comes back, so a hung driver never hangs the sidecar.
+Pure threading: callers hand it callables. A call that does not return in time marks the runner
+degraded; later calls fail fast until the stuck call comes back, so a hung driver never hangs the
+sidecar.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any, Callable, Deque, Optional
 
 logger = logging.getLogger(__name__)
 
+
 class CallTimeout(Exception):
-    """An NVML call did not return in time, or the worker is still stuck in an earlier one."""
+    """A call did not return in time, or the worker is still stuck in an earlier one."""
 
 
 class RunnerClosed(Exception):
@@ -110,7 +112,7 @@ class CallRunner:
                 self._timeouts += 1
                 self._stuck = job
                 self._stuck_reason = f"{label} did not return within {timeout_s:.2f} s"
-                logger.warning("NVML degraded: %s", self._stuck_reason)
+                logger.warning("%s degraded: %s", self._name, self._stuck_reason)
                 raise CallTimeout(self._stuck_reason)
         if job.error is not None:
             raise job.error
@@ -179,7 +181,7 @@ class CallRunner:
                 if not job.background:
                     self._last_fg = time.monotonic()
                 if self._stuck is job:
-                    logger.warning("NVML recovered: %s has returned", job.label)
+                    logger.warning("%s recovered: %s has returned", self._name, job.label)
                     self._stuck = None
                     self._stuck_reason = None
                     self._cond.notify_all()
