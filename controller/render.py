@@ -1,4 +1,5 @@
-"""Events for people (one short table line each) and for programs (one JSON object per line).
+"""Events for people (one short table line each) and for programs (one JSON object per line);
+table() lays out the columns of text the commands print.
 
 Event contents come from a remote box, and so do its answers, paths and error output: every
 string from a box that reaches a terminal goes through printable() (or printable_lines() for a
@@ -12,7 +13,7 @@ import math
 import re
 import sys
 import time
-from typing import Any, Mapping
+from typing import Any, Iterable, List, Mapping, Optional, Sequence
 
 import protocol
 
@@ -99,12 +100,36 @@ def _value(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
+def _cut(text: str, width: int) -> str:
+    """text, or its first characters and "..." when it is longer than width."""
+    return text if len(text) <= width else text[: max(width - len(_ELLIPSIS), 0)] + _ELLIPSIS
+
+
 def summarize(data: Mapping[str, Any], width: int = SUMMARY_WIDTH) -> str:
     """key=value pairs in the event's order, cut to width characters."""
-    text = printable(" ".join(f"{k}={_value(v)}" for k, v in data.items()))
-    if len(text) > width:
-        text = text[: max(width - len(_ELLIPSIS), 0)] + _ELLIPSIS
-    return text
+    return _cut(printable(" ".join(f"{k}={_value(v)}" for k, v in data.items())), width)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], indent: str = "",
+          max_widths: Sequence[Optional[int]] = ()) -> str:
+    """Columns of text for people: the header line, then one line per row. Each column is as
+    wide as its widest cell, two spaces apart; the last column is not padded, each line starts
+    with indent and ends without spaces. Every cell is escaped by printable() before the
+    columns are measured, so they line up even round escapes; max_widths[i] (None or missing:
+    no limit) cuts longer cells of column i to that many characters, "..." at the end (headers
+    are never cut). Every row has as many cells as headers. The lines are joined by newlines,
+    with none at the end."""
+    def cells(row: Sequence[str]) -> List[str]:
+        out = []
+        for i, cell in enumerate(row):
+            limit = max_widths[i] if i < len(max_widths) else None
+            out.append(printable(cell) if limit is None else _cut(printable(cell), limit))
+        return out
+
+    grid = [[printable(h) for h in headers], *(cells(r) for r in rows)]
+    widths = [max(len(r[i]) for r in grid) for i in range(len(headers) - 1)]
+    return "\n".join((indent + "  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]])).rstrip()
+                     for r in grid)
 
 
 def table_header() -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
@@ -36,17 +36,6 @@ def _load(name: str, stack: contextlib.ExitStack, state: Dict[str, Any]) -> RunF
     return load_stored(state["store"], name, shells)
 
 
-def _cut(text: str, width: int = _WIDTH) -> str:
-    text = render.printable(text)
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _table(rows: Sequence[Sequence[str]]) -> List[str]:
-    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]) - 1)]
-    return ["  ".join([*(r[k].ljust(widths[k]) for k in range(len(widths))), r[-1]]).rstrip()
-            for r in rows]
-
-
 def _num(x: Any, signed: bool = False) -> str:
     if x is None:
         return "-"
@@ -65,14 +54,15 @@ def _spread_text(row: Dict[str, Any]) -> str:
 
 
 def _metric_lines(rows: List[Dict[str, Any]]) -> List[str]:
-    table = [("METRIC", "STEP", "A", "B", "B-A", "REL", "SEED SPREAD")]
+    table: List[Tuple[str, ...]] = []
     for r in rows:
         rel = r["rel"]
-        table.append((_cut(r["metric"], 24), "-" if r["step"] is None else str(r["step"]), _num(r["a"]),
+        table.append((r["metric"], "-" if r["step"] is None else str(r["step"]), _num(r["a"]),
                       _num(r["b"]), _num(r["diff"], True),
                       "-" if rel is None or not math.isfinite(rel) else f"{rel * 100:+.2f}%",
                       _spread_text(r)))
-    lines = _table(table)
+    lines = render.table(("METRIC", "STEP", "A", "B", "B-A", "REL", "SEED SPREAD"), table,
+                         max_widths=(24,)).split("\n")
     lines += [render.printable(f"  {r['metric']}: {r['note']}") for r in rows if r.get("note")]
     return lines
 
@@ -82,10 +72,9 @@ def _print_human(report: Dict[str, Any]) -> None:
     click.echo(render.printable(f"A  {a['run_id']}  {a['where']}"))
     click.echo(render.printable(f"B  {b['run_id']}  {b['where']}"))
     click.echo("")
-    rows = [(_cut(s, 10), _cut(n), _cut(x), _cut(y)) for s, n, x, y in iter_rows(report)]
+    rows = list(iter_rows(report))
     if rows:
-        for line in _table([("WHAT", "NAME", "A", "B"), *rows]):
-            click.echo(line)
+        click.echo(render.table(("WHAT", "NAME", "A", "B"), rows, max_widths=(10, _WIDTH, _WIDTH, _WIDTH)))
     else:
         click.echo("no recorded difference")
     names = report["variables"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import click
 import profiles
@@ -28,13 +28,6 @@ _PASSING = "passing does not verify the facts: it only says each was checked wit
 
 def _echo(line: str = "") -> None:
     click.echo(render.printable(line))
-
-
-def _table(rows: Sequence[Sequence[str]], indent: str = "") -> None:
-    """Rows as columns padded to the widest cell (the last column is not padded)."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
-        _echo((indent + "  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]])).rstrip())
 
 
 def _yes(value: Optional[bool]) -> str:
@@ -85,11 +78,10 @@ def list_command(as_json: bool) -> None:
     if as_json:
         emit_json({"directory": str(where), "profiles": rows, "broken": len(broken)})
     else:
-        table: List[Tuple[str, ...]] = [("NAME", "KIND", "METER STOP", "DEAD-MAN", "OLDEST STAMP")]
-        table += [(r["name"], r["kind"], r["meter_stop_action"] or "-", r["deadman"],
-                   r["oldest_stamp"] or "-") for r in rows if r["ok"]]
+        table: List[Tuple[str, ...]] = [(r["name"], r["kind"], r["meter_stop_action"] or "-", r["deadman"],
+                                         r["oldest_stamp"] or "-") for r in rows if r["ok"]]
         table += [(r["name"], "BROKEN", "-", "-", r["error"]) for r in broken]
-        _table(table)
+        click.echo(render.table(("NAME", "KIND", "METER STOP", "DEAD-MAN", "OLDEST STAMP"), table))
     if broken:
         raise CliError(f"{len(broken)} of {len(rows)} profiles in {where} do not load",
                        hint="each broken one names its file, line and key; fix it, or remove the file")
@@ -145,11 +137,11 @@ def _show_storage(p: profiles.Profile) -> None:
         _echo("storage: none described")
         return
     _echo("storage: what survives a stop and a release (release = terminate / destroy)")
-    rows: List[Tuple[str, ...]] = [("TIER", "PATH", "STOP", "RELEASE", "VERIFIED", "BILLS WHILE STOPPED")]
-    rows += [(t.name, t.path or "(chosen at create)", "kept" if t.survives_stop else "LOST",
-              "kept" if t.survives_release else "LOST", t.verified, t.bills_while_stopped or "-")
-             for t in p.storage.values()]
-    _table(rows, "  ")
+    rows = [(t.name, t.path or "(chosen at create)", "kept" if t.survives_stop else "LOST",
+             "kept" if t.survives_release else "LOST", t.verified, t.bills_while_stopped or "-")
+            for t in p.storage.values()]
+    click.echo(render.table(("TIER", "PATH", "STOP", "RELEASE", "VERIFIED", "BILLS WHILE STOPPED"), rows,
+                            indent="  "))
     for t in p.storage.values():
         extra = "; ".join(x for x in (t.note.rstrip("."), f"cap: {t.cap}" if t.cap else "") if x)
         if extra:
@@ -296,9 +288,8 @@ def stale_command(months: int, today: Optional[str], as_json: bool) -> None:
                    "stale": [{**dataclasses.asdict(a), "path": str(a.path)} for a in old],
                    "note": _PASSING.format(months=months)})
     elif old:
-        rows: List[Tuple[str, ...]] = [("FILE:LINE", "KEY", "VERIFIED", "AGE")]
-        rows += [(a.where, a.key, a.verified, f"{a.age_months} months") for a in old]
-        _table(rows)
+        click.echo(render.table(("FILE:LINE", "KEY", "VERIFIED", "AGE"),
+                                [(a.where, a.key, a.verified, f"{a.age_months} months") for a in old]))
     else:
         _echo(f"{len(aged)} stamps in {len({a.profile for a in aged})} profiles, none older than "
               f"{months} months on {now}")

@@ -41,17 +41,10 @@ def _row(f: Finding) -> Tuple[str, ...]:
     return (f"{c.line}:{c.col}", f.status, c.metric, c.shown, evidence, _source(v))
 
 
-def _table(rows: List[Tuple[str, ...]]) -> List[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return ["  ".join([*(cell.ljust(w) for cell, w in zip(r, widths)), r[-1]]).rstrip() for r in rows]
-
-
 def _print_human(report: Report) -> None:
-    rows: List[Tuple[str, ...]] = [("LINE:COL", "STATUS", "METRIC", "SHOWN", "EVIDENCE", "SOURCE")]
-    rows.extend(_row(f) for f in report.findings)
     if report.findings:
-        for line in _table(rows):
-            click.echo(render.printable(line))
+        click.echo(render.table(("LINE:COL", "STATUS", "METRIC", "SHOWN", "EVIDENCE", "SOURCE"),
+                                [_row(f) for f in report.findings]))
     if report.missing:
         click.echo("never claimed (in the evidence, compared with no claim):")
         for v in report.missing:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from controller.render import local_time, printable
+from controller.render import local_time, printable, table
 from controller.runs import groups, life, status
 from controller.store.db import LocalEvent, Store
 from controller.wake.policy import number, seconds
@@ -136,15 +136,15 @@ def _age(value: Any) -> str:
 
 
 def node_table(nodes: Sequence[Mapping[str, Any]]) -> List[str]:
-    rows = [("NODE", "HOST", "STATE", "STEP", "PROGRESS", "LINK")]
+    """The header and one line per node, escaped (render.table)."""
+    rows: List[Tuple[str, ...]] = []
     for n in nodes:
         host, box = str(n.get("host") or ""), str(n.get("box") or "")
         host = (f"{host} ({box})" if box and box != host else host) if host else (box or "-")
         step = number(n["step"]) if n.get("step") is not None else "-"
         rows.append((str(n["node"]), host, str(n["state"]), step, _age(n.get("progress_age_s")),
                      str(n["link"])))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    return ["  " + "  ".join([*(r[i].ljust(widths[i]) for i in range(5)), r[5]]) for r in rows]
+    return table(("NODE", "HOST", "STATE", "STEP", "PROGRESS", "LINK"), rows, indent="  ").split("\n")
 
 
 def render(s: Mapping[str, Any]) -> str:
