@@ -16,6 +16,7 @@ import click
 from controller.box import secrets
 from controller.box.ssh import Shell, SshError
 from controller.cli.base import JSON_OPTION, CliError, RgtCommand, RgtGroup, emit_json
+from controller.cli.progress import ProgressMeter
 from controller.install import onbox as installer
 from controller.install.build import BuildError
 from controller.render import printable
@@ -31,10 +32,6 @@ def _problems() -> Iterator[None]:
         yield
     except (installer.InstallError, BuildError, SshError, secrets.SecretError) as e:
         raise CliError(e.message, e.hint) from e
-
-
-def _progress(line: str) -> None:
-    click.echo(printable(line), err=True)
 
 
 # ---- rgt install ----------------------------------------------------------------------------------
@@ -76,7 +73,7 @@ def install_command(host: str, venv: Optional[str], python: Optional[str], wheel
     opts = installer.InstallOptions(venv=venv, python=python, wheelhouses=wheelhouses, wheel=wheel,
                                     download=download, index=index)
     with Store.open() as store, _problems():
-        result = installer.install(store, host, opts, progress=_progress)
+        result = installer.install(store, host, opts, progress=ProgressMeter().line)  # a line a step
     if as_json:
         emit_json(result.to_dict())
     elif result.already:

@@ -7,7 +7,6 @@ a `hint:` line what to do), 2 usage.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -22,6 +21,7 @@ from controller.cli.base import (
     emit_json,
     sigterm_as_interrupt,
 )
+from controller.cli.progress import ProgressMeter
 from controller.pull.fetch import Progress, PullError, pull
 from controller.store.db import Store
 from controller.teardown import gate as teardown
@@ -40,25 +40,10 @@ def _clock(seconds: Optional[float]) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-class _ProgressLine:
-    """On a terminal one line rewritten in place; otherwise one JSON object per update (stderr)."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.shown = False
-
-    def __call__(self, p: Progress) -> None:
-        if not self.tty:
-            click.echo(json.dumps(p.to_dict(), sort_keys=True), err=True)
-            return
-        pct = 100.0 * p.pulled_bytes / p.total_bytes if p.total_bytes else 100.0
-        click.echo(f"\r{_mb(p.pulled_bytes)} / {_mb(p.total_bytes)}  {pct:5.1f}%  "
-                   f"{p.rate_bps / 1e6:7.1f} MB/s  ETA {_clock(p.eta_s)}   ", nl=False, err=True)
-        self.shown = True
-
-    def end(self) -> None:
-        if self.shown:
-            click.echo("", err=True)
+def _progress_text(p: Progress) -> str:
+    pct = 100.0 * p.pulled_bytes / p.total_bytes if p.total_bytes else 100.0
+    return (f"{_mb(p.pulled_bytes)} / {_mb(p.total_bytes)}  {pct:5.1f}%  "
+            f"{p.rate_bps / 1e6:7.1f} MB/s  ETA {_clock(p.eta_s)}")
 
 
 @click.command("pull", cls=RgtCommand)
@@ -76,14 +61,18 @@ def pull_command(run: str, dest: Optional[Path], bwlimit: Optional[str], as_json
     Interrupted? Run the same command again: nothing received is sent twice.
     Then prove the copy with `rgt verify DIR` (the teardown gate needs it).
     """
-    progress = _ProgressLine()
+    meter = ProgressMeter(keep=True)  # on a terminal the line stays: the transfer's last numbers
+
+    def progress(p: Progress) -> None:  # off a terminal: one JSON object per update
+        meter.show(_progress_text(p), plain=json.dumps(p.to_dict(), sort_keys=True))
+
     try:  # SIGTERM ends rsync too (it keeps what it received), not only this process
         with Store.open() as store, sigterm_as_interrupt():
             result = pull(store, run, dest, bwlimit=bwlimit, on_progress=progress)
     except PullError as e:
         raise CliError(e.message, e.hint) from e
     finally:
-        progress.end()
+        meter.end()
     if as_json:
         emit_json(result.to_dict())
         return

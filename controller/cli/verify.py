@@ -7,7 +7,6 @@ per proof on stdout and one `error:` line per failure on stderr; `--json` prints
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -15,6 +14,7 @@ import click
 
 from controller import render
 from controller.cli.base import CliError, RgtCommand, emit_json
+from controller.cli.progress import ProgressMeter
 from controller.store.db import Store
 from controller.verify import units as verify_units
 from controller.verify.load import DEFAULT_TIMEOUT_S
@@ -70,21 +70,6 @@ def _print_human(report: Report) -> None:
         click.echo(f"error: {render.printable(line)}", err=True)
     if report.ok:
         click.echo(render.printable(f"PULL VERIFIED: {report.path}"))
-
-
-class _Progress:
-    """`hash 3/10` on one rewritten stderr line, only when stderr is a terminal."""
-
-    def __init__(self) -> None:
-        self.shown = False
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        click.echo(f"\r{stage} {done}/{total}   ", nl=False, err=True)
-        self.shown = True
-
-    def clear(self) -> None:
-        if self.shown:
-            click.echo("\r" + " " * 40 + "\r", nl=False, err=True)
 
 
 def _pulled_dir(name: str) -> Path:
@@ -152,17 +137,21 @@ def verify_command(run_dir: str, manifest: Optional[Path], eval_cmd: Optional[st
     it in. The result is recorded for `rgt teardown`.
     """
     where = _pulled_dir(run_dir)
-    progress = _Progress() if not as_json and sys.stderr.isatty() else None
+    meter = ProgressMeter()  # `hash 3/10` redrawn, only on a terminal and without --json
+
+    def progress(stage: str, done: int, total: int) -> None:
+        meter.show(f"{stage} {done}/{total}")
+
     try:
         report = verify(where, manifest, eval_cmd=eval_cmd, eval_metric=eval_metric, tolerance=tolerance,
                         trust_pickle=trust_pickle, check_finite=check_finite, workers=workers,
-                        load_timeout_s=load_timeout, progress=progress, eval_all=eval_all,
-                        eval_timeout_s=eval_timeout, allow_nonfinite=allow_nonfinite)
+                        load_timeout_s=load_timeout, eval_all=eval_all, eval_timeout_s=eval_timeout,
+                        allow_nonfinite=allow_nonfinite,
+                        progress=progress if meter.tty and not as_json else None)
     except EvalCommandError as e:
         raise click.UsageError(str(e)) from e
     finally:
-        if progress is not None:
-            progress.clear()
+        meter.end()
     _record(report, where)
     if as_json:
         emit_json({**report.to_dict(), "report_path": str(report.path)})
