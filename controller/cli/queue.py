@@ -28,7 +28,7 @@ from controller.cli.base import (
     emit_json,
     sigterm_as_interrupt,
 )
-from controller.queue import dispatch as queuerun
+from controller.queue import dispatch
 from controller.queue import model as q
 from controller.store.db import Store
 
@@ -75,7 +75,7 @@ def _report(store: Store, name: str) -> Dict[str, Any]:
     queue = q.load(store, name)
     cells = q.cells(store, name)
     state = ("cancelled" if queue.options.cancelled else "finished" if q.finished(cells) else "running")
-    return {**queue.to_dict(), "state": state, "dispatcher_pid": queuerun.running_pid(name),
+    return {**queue.to_dict(), "state": state, "dispatcher_pid": dispatch.running_pid(name),
             "counts": q.counts(cells), "exit": q.exit_code(cells), "cells": [c.to_dict() for c in cells]}
 
 
@@ -105,16 +105,16 @@ def _foreground(store: Store, name: str, as_json: bool) -> int:
             click.echo(progress_line(change))
 
     try:
-        with queuerun.holding(name), sigterm_as_interrupt():
-            dispatcher = queuerun.Dispatcher(store, name)
+        with dispatch.holding(name), sigterm_as_interrupt():
+            dispatcher = dispatch.Dispatcher(store, name)
             try:
                 code = dispatcher.serve(show)
             except KeyboardInterrupt:
                 click.echo(f"stopped driving queue {name}; its running cells go on. "
                            f"next: rgt queue resume {name}", err=True)
                 raise click.exceptions.Exit(q.exit_code(q.cells(store, name))) from None
-    except queuerun.Busy:
-        raise CliError(f"queue {name} is driven by dispatcher pid {queuerun.running_pid(name)}",
+    except dispatch.Busy:
+        raise CliError(f"queue {name} is driven by dispatcher pid {dispatch.running_pid(name)}",
                        hint=f"follow it with 'rgt queue status {name}'") from None
     report = _report(store, name)
     if as_json:
@@ -125,7 +125,7 @@ def _foreground(store: Store, name: str, as_json: bool) -> int:
 
 
 def _background(store: Store, name: str, as_json: bool, verb: str) -> None:
-    pid = queuerun.ensure_dispatcher(store, name)
+    pid = dispatch.ensure_dispatcher(store, name)
     report = _report(store, name)
     report["dispatcher_pid"] = pid
     if as_json:
@@ -209,7 +209,7 @@ def status_command(name: Optional[str], as_json: bool) -> None:
         reports = []
         for n in wanted:
             q.refresh(store, n, time.time())
-            queuerun.ensure_dispatcher(store, n)
+            dispatch.ensure_dispatcher(store, n)
             reports.append(_report(store, n))
     code = max([r["exit"] for r in reports] or [0])
     if as_json:
@@ -249,7 +249,7 @@ def cancel_command(name: str, stop_running: bool, grace: str, as_json: bool) -> 
     with Store.open() as store:
         q.load(store, name)
         q.set_options(store, name, time.time(), cancelled=True)
-        queuerun.stop_dispatcher(name, timeout_s=60.0)
+        dispatch.stop_dispatcher(name, timeout_s=60.0)
         q.cancel(store, name, time.time())
         if stop_running:
             stopped = _stop_running(store, name, grace)

@@ -27,7 +27,7 @@ from controller.follow.subscriber import Subscriber, SubscriberRefused
 from controller.follow.watcher import LocalLink, SshLink, Watcher, WatchRefused, _finished
 from controller.pull.fetch import PullError, destination
 from controller.pull.stage import Entry, check_entries, prepare
-from controller.queue import dispatch as queuerun
+from controller.queue import dispatch
 from controller.queue import model as q
 from controller.store.db import Store
 from controller.trust import Untrusted
@@ -215,12 +215,12 @@ def test_rgt_launch_says_what_was_refused_and_starts_no_watcher(home: Path, stor
 
 
 def test_a_queue_cell_relaunches_its_own_run_in_place_and_no_other(store: Store, box: FakeBox) -> None:
-    first = queuerun.launch_on_box(store, boxes.LOCAL, JOB, "abl-0-abcdef", "abl", [])
-    again = queuerun.launch_on_box(store, boxes.LOCAL, JOB, "abl-0-abcdef", "abl", [])
+    first = dispatch.launch_on_box(store, boxes.LOCAL, JOB, "abl-0-abcdef", "abl", [])
+    again = dispatch.launch_on_box(store, boxes.LOCAL, JOB, "abl-0-abcdef", "abl", [])
     assert first["run_dir"] == again["run_dir"] and len(box.launches()) == 2
     seed_victim(store)
     with pytest.raises(BoxError, match="cannot be relaunched on local: it is bound to host gpu2"):
-        queuerun.launch_on_box(store, boxes.LOCAL, JOB, VICTIM, "abl", [])
+        dispatch.launch_on_box(store, boxes.LOCAL, JOB, VICTIM, "abl", [])
     assert len(box.launches()) == 2
 
 
