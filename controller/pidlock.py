@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import functools
 import logging
 import os
@@ -14,27 +13,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from rgtlib import lockfile
+
 log = logging.getLogger(__name__)
 
 
 def holder(lock: Path, pid_file: Path) -> Optional[int]:
     """The pid of the process holding `lock`, or None when nobody holds it (or it cannot be read)."""
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        try:
-            return int(pid_file.read_text().strip() or 0) or None
-        except (OSError, ValueError):
-            return None  # the lock is held but the pid not written yet
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
+    return lockfile.holder_pid(lock, pid_file)
 
 
 def start(module: str, name: str, lock: Path, pid_file: Path, log_path: Path,

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import fcntl
 import json
 import os
 import stat
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Optional
+
+from rgtlib import lockfile
 
 from . import pullmanifest
 from .fsutil import fsync_dir, write_json_atomic
@@ -61,16 +62,11 @@ class _Refused(Exception):
 def _lock(path: Path, what: str) -> Optional[int]:
     """Hold `path`'s flock (a launch or a sidecar holds it while it works); None when it is absent."""
     try:
-        fd = os.open(path, os.O_RDWR)
+        return lockfile.take(path, create=False)
     except FileNotFoundError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        os.close(fd)
-        raise _Refused(f"{what} holds {path.name}" + (f" (pid {holder})" if holder else "")) from None
-    return fd
+    except lockfile.Held as e:
+        raise _Refused(f"{what} holds {path.name}" + (f" (pid {e.holder})" if e.holder else "")) from None
 
 
 def _refuse_if_running(run_dir: Path) -> None:

@@ -34,7 +34,6 @@ Standard library only; Python 3.9+.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import math
 import os
@@ -44,6 +43,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from profiles import NOTIFY
 from protocol.kinds import default_sev
+from rgtlib import lockfile
 
 from onbox import deadmanclock as clock
 from onbox.deadmanclock import SYSTEM, Activity, Anchors, Clocks
@@ -261,28 +261,12 @@ def _write(paths: DeadmanPaths, lease: Lease) -> None:
     os.chmod(paths.lease, 0o600)
 
 
-class _Locked:
-    """An exclusive flock on one file for a `with` block (blocking: holders keep it for ms)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fd = -1
-
-    def __enter__(self) -> _Locked:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *_exc: Any) -> None:
-        os.close(self.fd)
-
-
 def update_lease(paths: DeadmanPaths, change: Callable[[LeaseRead], Optional[Lease]],
                  environ: Optional[Mapping[str, str]] = None) -> Tuple[LeaseRead, Optional[Lease]]:
     """Read, change and write the lease under the update lock. `change` returns the new lease, or
     None to leave the file as it is. Returns (what was read, what was written or None)."""
     paths.ensure_dir()
-    with _Locked(paths.update_lock):
+    with lockfile.hold(paths.update_lock):  # blocking: holders keep it for ms
         before = read_lease(paths, environ)
         after = change(before)
         if after is not None:
@@ -426,15 +410,11 @@ def append_event(paths: DeadmanPaths, kind: str, data: Mapping[str, Any], *, now
                  sev: Optional[str] = None) -> Dict[str, Any]:
     """Append one record (next seq, under an flock of the log) and fsync it before returning."""
     paths.ensure_dir()
-    fd = os.open(paths.events, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with lockfile.hold(paths.events, append=True) as fd:
         record = {"seq": _last_seq(fd) + 1, "ts": now, "kind": kind, "sev": sev or default_sev(kind),
                   "data": dict(data)}
         os.write(fd, (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode())
         os.fsync(fd)
-    finally:
-        os.close(fd)
     return record
 
 

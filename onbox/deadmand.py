@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import fcntl
 import json
 import logging
 import os
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import profiles
+from rgtlib import lockfile
 
 from onbox.deadman import (
     NOTIFY,
@@ -390,13 +390,7 @@ class Daemon:
 def take_lock(paths: DeadmanPaths) -> Optional[int]:
     """The daemon's singleton lock, or None when another process holds it."""
     paths.ensure_dir()
-    fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+    return lockfile.try_lock(paths.lock)
 
 
 def daemon_pid(paths: DeadmanPaths) -> Optional[int]:

@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import fcntl
 import io
 import json
 import os
@@ -15,6 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from rgtlib import lockfile
 from rgtlib.units import human_bytes
 
 from onbox.errors import OnboxError
@@ -144,12 +144,9 @@ def run_preflight(paths: RunPaths, seconds: float, probe: str, health: Optional[
 
 
 def take_lock(paths: RunPaths) -> int:
-    fd = os.open(paths.launch_lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise LaunchRefused(f"another launch of {paths.run_dir.name} is in progress") from None
+    fd = lockfile.try_lock(paths.launch_lock)
+    if fd is None:
+        raise LaunchRefused(f"another launch of {paths.run_dir.name} is in progress")
     return fd
 
 

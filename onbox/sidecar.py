@@ -7,7 +7,6 @@ journal does not hold (or, with a full disk, does not hold in its ring).
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import logging
 import os
@@ -35,6 +34,7 @@ from protocol import (
     encode_reply,
 )
 from protocol.codec import PAGE_BYTES, request_id_of
+from rgtlib import lockfile
 
 from .custody import CustodyMonitor
 from .deadmanfeed import DeadmanFeed
@@ -159,18 +159,11 @@ class Sidecar:
             self._spawn("rgt-synthetic", self._synthetic)
 
     def _take_lock(self) -> None:
-        path = self.rgt_dir / "sidecar.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            os.close(fd)
+            self._lock_fd = lockfile.lock_with_pid(self.rgt_dir / "sidecar.lock")  # its pid written into it
+        except lockfile.Held as e:
             raise AlreadyServing(
-                f"another sidecar (pid {holder or '?'}) already serves {self.run_dir}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
+                f"another sidecar (pid {e.holder or '?'}) already serves {self.run_dir}") from None
 
     def _spawn(self, name: str, target: Any) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)

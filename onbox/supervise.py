@@ -33,7 +33,6 @@ only its job's group (and only when told to through its own SIGTERM/SIGINT). Sta
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import logging
 import os
@@ -45,6 +44,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from rgtlib import lockfile
 
 from onbox.preempt import preemption, record_preemption
 from onbox.runs import ProcRef, RunPaths, boot_id, read_json, utc_iso, write_atomic, write_json_atomic
@@ -319,12 +320,9 @@ class Supervisor:
         return True
 
     def run(self) -> int:
-        lock_fd = os.open(self.paths.supervisor_lock, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        lock_fd = lockfile.try_lock(self.paths.supervisor_lock)
+        if lock_fd is None:
             log.error("another supervisor holds %s", self.paths.supervisor_lock)
-            os.close(lock_fd)
             return 1
         try:
             write_atomic(self.paths.supervisor_pid, f"{os.getpid()}\n")

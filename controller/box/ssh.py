@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import fcntl
 import fnmatch
 import hashlib
 import logging
@@ -30,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator, List, Mapping, Optional, Protocol, Sequence
+
+from rgtlib import lockfile
 
 from controller import paths, procrun
 
@@ -237,18 +238,10 @@ def _remote_path(path: str) -> str:
 def _locked(path: Path, timeout_s: float) -> Iterator[None]:
     """An exclusive flock on `path`, waited for with a deadline, so that two rgt
     processes never start two masters for one alias at once."""
-    pause = threading.Event()
-    deadline = time.monotonic() + timeout_s
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = lockfile.wait_lock(path, timeout_s)
+    if fd is None:
+        raise SshError(f"another rgt is starting the ssh master ({path} stays locked)")
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise SshError(f"another rgt is starting the ssh master ({path} stays locked)") from None
-                pause.wait(0.05)
         yield
     finally:
         os.close(fd)

@@ -32,7 +32,6 @@ host.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import logging
 import os
 import signal
@@ -46,6 +45,7 @@ from typing import Callable, Dict, Optional, Sequence
 
 from protocol import Event
 from protocol.endpoints import Endpoints
+from rgtlib import lockfile
 
 from controller import paths, pidlock
 from controller import trust as boxtrust
@@ -467,13 +467,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except boxtrust.Untrusted as e:
         print(f"controller.follow.watcher: refused: {e}", file=sys.stderr)
         return 2
-    fd = os.open(f.lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        lockfile.lock_with_pid(f.lock, f.pid)  # its fd stays open: held until this process ends
+    except lockfile.Held:
         log.info("another watcher follows %s", args[0])
         return 0
-    f.pid.write_text(f"{os.getpid()}\n")
     with Store.open() as store, Store.open() as sub_store:
         info = store.run(args[0])
         run = str(info["run"])

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
 from protocol.pull import FILENAME
+from rgtlib import lockfile
 
 from controller import trust as boxtrust
 from controller.verify.identity import hash_file
@@ -96,12 +96,10 @@ def staging_dir(staging: Path, run: str) -> Iterator[Path]:
     else:
         staging.mkdir(parents=True)
         marker.write_text(json.dumps({"run": run, "created_at": time.time()}) + "\n", encoding="utf-8")
-    fd = os.open(marker, os.O_RDWR)
+    fd = lockfile.try_lock(marker, create=False)
+    if fd is None:
+        raise PullError(f"another rgt pull is writing {staging}")
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise PullError(f"another rgt pull is writing {staging}") from None
         yield staging
     finally:
         os.close(fd)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import logging
 import os
 import signal
@@ -29,6 +28,8 @@ import time
 from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from rgtlib import lockfile
 
 from controller import paths, pidlock
 from controller.queue import model as q
@@ -78,13 +79,11 @@ class Busy(Exception):
 def holding(name: str) -> Iterator[None]:
     """Hold NAME's dispatcher lock (and its pid file) for the duration; Busy when taken."""
     f = files(name)
-    fd = os.open(f.lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise Busy(name) from None
-        f.pid.write_text(f"{os.getpid()}\n")
+        fd = lockfile.lock_with_pid(f.lock, f.pid)
+    except lockfile.Held:
+        raise Busy(name) from None
+    try:
         try:
             yield
         finally:
