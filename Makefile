@@ -13,7 +13,8 @@ STAMP := $(VENV)/.installed
 # the end-to-end tests install onto a "box" that has no index (`rgt install --wheelhouse`).
 WHEELHOUSE := .wheelhouse
 # py-spy: optional on the box (the sidecar dumps a hung job's stacks with it); `rgt install` ships it.
-BOX_DEPS := "pyzmq>=23,<28" "psutil>=5.9" "nvidia-ml-py>=12.535" "watchdog>=2.1" "click>=8.1" "py-spy>=0.3"
+BOX_DEPS := "pyzmq>=23,<28" "psutil>=5.9" "nvidia-ml-py>=12.535" "watchdog>=2.1" "click>=8.1" "packaging>=22" \
+	"py-spy>=0.3"
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -57,7 +58,7 @@ VENV39 := .venv39
 # `rgt` and `rgt-onbox` scripts, and `python -m onbox.cli` from any directory as on a box.
 $(VENV39)/.installed: pyproject.toml
 	$(PY39) -m venv $(VENV39)
-	$(VENV39)/bin/pip install -q pyzmq psutil nvidia-ml-py watchdog click "safetensors" numpy tomli pytest pytest-timeout hypothesis \
+	$(VENV39)/bin/pip install -q pyzmq psutil nvidia-ml-py watchdog click packaging "safetensors" numpy tomli pytest pytest-timeout hypothesis \
 		"pytest-xdist==3.8.0" "pyyaml>=6" "matplotlib>=3.5" "setuptools>=68"
 	$(VENV39)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $@

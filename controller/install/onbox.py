@@ -49,11 +49,10 @@ from controller.install import build
 from controller.install.wheels import (
     Requirement,
     Resolution,
-    Specifier,
-    Version,
     Wheel,
     WheelError,
     best,
+    python_admits,
     resolve,
 )
 from controller.output import last_json_object
@@ -230,7 +229,7 @@ def _probe(shell: Shell, python: str, venv: str, name: str) -> boxprobe.BoxPytho
 
 def _check_python(box: boxprobe.BoxPython, ours: Wheel, python: str, name: str) -> None:
     needs = ours.metadata()[3] or ">=3.9"
-    if not Specifier.parse(needs).contains(Version.parse(box.version_text)):
+    if not python_admits(needs, box.version_text):
         raise InstallError(f"{python} on {name} is Python {box.version_text}; "
                            f"{build.PROJECT} needs Python {needs}",
                            hint="pass --python with the path of a newer Python on the box")

@@ -15,8 +15,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from onbox.sources.gpu import RECOVERY_ACTIONS, Capability, GpuInfo, GpuProcess, GpuSample, XidEvent
 from onbox.callrunner import CallRunner, CallTimeout, RunnerClosed
+from onbox.sources.gpu import RECOVERY_ACTIONS, Capability, GpuInfo, GpuProcess, GpuSample, XidEvent
 
 logger = logging.getLogger(__name__)
 

@@ -35,12 +35,14 @@ from controller.install.onbox import (
 )
 from controller.install.wheels import (
     Requirement,
-    Specifier,
-    Version,
     Wheel,
+    WheelError,
+    best,
     marker_holds,
+    parse_version,
     requirements,
     resolve,
+    scan,
 )
 from controller.store.db import Store
 from protocol import PACKAGE_VERSION
@@ -49,7 +51,7 @@ from tests.sshbox import SshBox, sshbox  # noqa: F401  (the fixture)
 
 WHEELHOUSE = REPO / ".wheelhouse"
 BASE_PYTHON = getattr(sys, "_base_executable", sys.executable)
-BOX_DEPS = {"pyzmq", "psutil", "nvidia-ml-py", "watchdog", "click", "py-spy"}  # py-spy: optional
+BOX_DEPS = {"pyzmq", "psutil", "nvidia-ml-py", "watchdog", "click", "packaging", "py-spy"}  # py-spy: optional
 
 
 @click.group(cls=RgtGroup)
@@ -159,37 +161,99 @@ def test_requires_dist_markers_are_judged_for_the_box_python(tmp_path: Path) -> 
     assert "safetensors" in with_extra
 
 
-@pytest.mark.parametrize("version, spec", [
-    ("27.3.0", ">=23,<28"), ("28.0", ">=23,<28"), ("28.0rc1", "<28"), ("1.0.post1", ">1.0"),
-    ("1.0", "~=1.0"), ("2.0", "~=1.0"), ("1.4.5", "~=1.4.2"), ("1.5", "~=1.4.2"), ("1!0.5", ">=2"),
-    ("3.9.18", "==3.9.*"), ("3.10", "==3.1.*"), ("1.0.dev1", "<1.0a1"), ("2.0+local", "==2.0"),
-    ("1.0", "!=1.0.0"), ("12.535.77", ">=12.535"), ("0.9", ">=0.10"),
-])
-def test_specifiers_agree_with_packaging(version: str, spec: str) -> None:
-    packaging = pytest.importorskip("packaging.specifiers")
-    expected = packaging.SpecifierSet(spec).contains(version, prereleases=True)
-    assert Specifier.parse(spec).contains(Version.parse(version)) == expected
+MARKERS = [  # (marker, holds on the 3.9 box, holds on the 3.11 box), with the extra "dev-tools"
+    ('python_version < "3.11"', True, False),
+    ("python_version >= '3.9' and python_version < '3.10'", True, False),
+    ('platform_system == "Windows" or (sys_platform == "linux" and platform_machine == "x86_64")',
+     True, True),
+    ('"linux" in sys_platform', True, True), ("os_name not in 'nt java'", True, True),
+    ('python_full_version >= "3.9.2"', True, True), ('python_full_version < "3.11.7"', True, False),
+    ('implementation_name == "pypy"', False, False), ('extra == "Dev_Tools"', True, True),
+    ('extra == "other"', False, False),
+]
 
 
-@pytest.mark.parametrize("marker", [
-    'python_version < "3.11"', "python_version >= '3.9' and python_version < '3.10'",
-    'platform_system == "Windows" or (sys_platform == "linux" and platform_machine == "x86_64")',
-    '"linux" in sys_platform', "os_name not in 'nt java'", 'python_full_version >= "3.9.2"',
-    'implementation_name == "pypy"', 'extra == "Dev_Tools"',
-])
-@pytest.mark.parametrize("python", [("3.9", "3.9.18"), ("3.11", "3.11.7")])
-def test_markers_agree_with_packaging(marker: str, python: tuple) -> None:
-    packaging = pytest.importorskip("packaging.markers")
-    env = markers(*python)
-    expected = packaging.Marker(marker).evaluate({**env, "extra": "dev-tools"})
-    assert marker_holds(marker, env, ["dev-tools"]) == expected
+@pytest.mark.parametrize("marker, on_39, on_311", MARKERS)
+def test_markers_are_judged_in_the_box_environment(marker: str, on_39: bool, on_311: bool) -> None:
+    assert marker_holds(marker, markers("3.9", "3.9.18"), ["dev-tools"]) is on_39
+    assert marker_holds(marker, markers(), ["dev-tools"]) is on_311
+
+
+def test_a_marker_the_box_cannot_judge_is_a_wheel_error() -> None:
+    with pytest.raises(WheelError, match="cannot read the marker"):
+        marker_holds('python_version <<< "3"', markers())
+    lacking = {k: v for k, v in markers().items() if k != "platform_release"}
+    with pytest.raises(WheelError, match="lacks platform_release"):  # never filled in from this machine
+        marker_holds('python_version < "3.11"', lacking)
 
 
 def test_requirement_parsing() -> None:
     r = Requirement.parse("Foo_Bar[Extra1, extra2] (>=1.0,<2) ; python_version < '3.11'")
-    assert (r.name, r.extras, str(r.specifier), r.marker) == (
-        "foo-bar", ("extra1", "extra2"), ">=1.0,<2", "python_version < '3.11'")
+    assert (r.name, r.extras) == ("foo-bar", ("extra1", "extra2"))
+    assert {str(s) for s in r.specifier} == {">=1.0", "<2"} and str(r.marker) == 'python_version < "3.11"'
     assert str(Requirement.parse("click>=8.1")) == "click>=8.1"
+    assert str(Requirement.parse('PyYAML[a]; extra == "x"')) == "pyyaml[a]"  # no marker: pip is asked for it
+    with pytest.raises(WheelError, match="names a URL"):
+        Requirement.parse("foo @ https://example.com/foo-1.0-py3-none-any.whl")
+    with pytest.raises(WheelError, match="not a requirement"):
+        Requirement.parse("foo >=> 1")
+
+
+def test_pre_releases_only_when_named_or_nothing_else_fits(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    for version in ("1.9", "2.0rc1"):
+        make_wheel(house, "click", version)
+    make_wheel(house, "tomli", "3.0b1")
+    found = scan([house])
+
+    def pick(spec: str, name: str = "click") -> Optional[Wheel]:
+        return best(found[name], Requirement.parse(name + spec), ["py3-none-any"])
+
+    assert str(pick(">=1").version) == "1.9"
+    assert str(pick(">=2.0rc1").version) == "2.0rc1"  # the specifier names a pre-release
+    assert str(pick(">1.9").version) == "2.0rc1"  # nothing else fits
+    assert str(pick("", "tomli").version) == "3.0b1"
+    assert pick(">=3") is None
+
+
+def test_the_newest_wheel_with_a_tag_the_box_accepts_and_the_box_preferred_tag(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    make_wheel(house, "pyzmq", "26.0.0", tag="py2.py3-none-any")  # a compressed tag set
+    generic = make_wheel(house, "pyzmq", "27.0.0", tag="py3-none-any")
+    native = make_wheel(house, "pyzmq", "27.0.0", tag="cp311-cp311-manylinux_2_28_x86_64")
+    make_wheel(house, "pyzmq", "28.0.0", tag="cp312-cp312-manylinux_2_28_x86_64")
+    found = scan([house])["pyzmq"]
+    req = Requirement.parse("pyzmq")
+    assert best(found, req, ["cp311-cp311-manylinux_2_28_x86_64", "py3-none-any"]).path == native
+    assert best(found, req, ["py3-none-any", "cp311-cp311-manylinux_2_28_x86_64"]).path == generic
+    assert str(best(found, req, ["py2-none-any"]).version) == "26.0.0"
+    assert best(found, req, ["cp310-cp310-linux_x86_64"]) is None
+
+
+def test_requires_python_is_judged_for_the_box_python(tmp_path: Path) -> None:
+    house = tmp_path / "house"
+    make_wheel(house, "numpy", "1.26.0", requires_python=">=3.9")
+    make_wheel(house, "numpy", "2.1.0", requires_python=">=3.10")
+    found = scan([house])["numpy"]
+    req = Requirement.parse("numpy")
+    assert str(best(found, req, ["py3-none-any"], parse_version("3.9.18")).version) == "1.26.0"
+    assert str(best(found, req, ["py3-none-any"], parse_version("3.11.7")).version) == "2.1.0"
+
+
+def test_malformed_metadata_is_a_wheel_error_naming_the_wheel(tmp_path: Path) -> None:
+    bad = Wheel.from_path(make_wheel(tmp_path, "broken", "1.0", ["click >=> 8"]))
+    with pytest.raises(WheelError, match=r"broken-1\.0-py3-none-any\.whl: bad Requires-Dist 'click >=> 8'"):
+        requirements(bad, markers())
+    odd = Wheel.from_path(make_wheel(tmp_path / "b", "odd", "1.0", ['click; python_version ~= "x"']))
+    with pytest.raises(WheelError, match=r"odd-1\.0-py3-none-any\.whl: .*cannot judge the marker"):
+        requirements(odd, markers())
+    picky = scan([make_wheel(tmp_path / "c", "picky", "1.0", requires_python=">=three").parent])["picky"]
+    with pytest.raises(WheelError, match=r"picky-1\.0-py3-none-any\.whl: bad Requires-Python"):
+        best(picky, Requirement.parse("picky"), ["py3-none-any"], parse_version("3.11.7"))
+    with pytest.raises(WheelError, match="is not a wheel file name"):
+        Wheel.from_path(tmp_path / "not-a-wheel.whl")
+    (tmp_path / "c" / "junk.whl").write_bytes(b"")
+    assert set(scan([tmp_path / "c"])) == {"picky"}  # an unreadable name is skipped
 
 
 def test_resolution_picks_the_newest_fitting_wheel_and_names_what_is_missing(tmp_path: Path) -> None:
@@ -206,7 +270,7 @@ def test_resolution_picks_the_newest_fitting_wheel_and_names_what_is_missing(tmp
     make_wheel(house, "tomli", "2.0.0")
     tags = boxprobe.computed_tags((3, 11, 7), markers(), ["glibc", "2.36"])
     res = resolve(ours, [house], markers(), tags)
-    picked = {w.name: w.version.text for w in res.wheels}
+    picked = {w.name: str(w.version) for w in res.wheels}
     assert picked == {"remote-gpu-trainer": PACKAGE_VERSION, "pyzmq": "27.1.0", "watchdog": "6.0.0",
                       "click": "8.1.0"}
     assert sorted((str(req), by) for req, by in res.missing) == [
@@ -349,7 +413,8 @@ def test_install_onto_the_box_offline_then_again_as_a_no_op(box: Dict[str, Any])
     assert out["version"] == PACKAGE_VERSION and out["already"] is False and out["used_index"] is False
     assert out["copied_files"] == 1 + len(BOX_DEPS) and out["recorded"] is True
     assert sorted(out["shipped"]) == sorted(BOX_DEPS | {"remote-gpu-trainer"}) and not out["warnings"]
-    for step in ("build:", "probe:", "copy: 7 files", "venv: creating", "install:", "verify:"):
+    copy = f"copy: {1 + len(BOX_DEPS)} files"
+    for step in ("build:", "probe:", copy, "venv: creating", "install:", "verify:"):
         assert stderr_lines(first, step), (step, first.stderr)
     shipped = {Wheel.from_path(p).name for p in (the_box.home / ".rgt" / "wheels").glob("*.whl")}
     assert shipped == BOX_DEPS | {"remote-gpu-trainer"}  # exactly what the box needs, nothing else

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
+from onbox.callrunner import CallRunner, CallTimeout, RunnerClosed
 from onbox.sources import fake_gpu
 from onbox.sources.fake_gpu import SCENARIOS, ScriptedProbe
 from onbox.sources.gpu import (
@@ -22,7 +23,6 @@ from onbox.sources.gpu import (
     decode_reasons,
 )
 from onbox.sources.nvml import NvmlProbe
-from onbox.callrunner import CallRunner, CallTimeout, RunnerClosed
 from tests.helpers import wait_until
 
 WAIT_S = 5.0  # upper bound for anything that should happen "now"; never a sleep
