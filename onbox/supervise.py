@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from rgtlib import lockfile
+from rgtlib.backoff import Backoff
 
 from onbox.preempt import preemption, record_preemption
 from onbox.runs import ProcRef, RunPaths, boot_id, read_json, utc_iso, write_atomic, write_json_atomic
@@ -217,7 +218,7 @@ class Supervisor:
         self.proc: Optional[subprocess.Popen] = None  # type: ignore[type-arg]
         self.started_mono = 0.0
         self.restarts = 0
-        self.quick_failures = 0
+        self.backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_CAP_S, jitter=False)  # sidecar restarts
         self.restart_at = 0.0
         self.gone_at: Optional[float] = None
         self.reported_at: Optional[float] = None
@@ -265,8 +266,11 @@ class Supervisor:
         self._record("running")
 
     def _schedule_restart(self, lived_s: float) -> None:
-        self.quick_failures = 0 if lived_s >= HEALTHY_AFTER_S else self.quick_failures + 1
-        delay = min(BACKOFF_CAP_S, BACKOFF_FIRST_S * (2 ** max(0, self.quick_failures - 1)))
+        if lived_s >= HEALTHY_AFTER_S:  # a death after a healthy life is not a quick failure
+            self.backoff.reset()
+            delay = BACKOFF_FIRST_S
+        else:
+            delay = self.backoff.next()
         self.restart_at = self._mono() + delay
         log.warning("sidecar restart in %.1f s", delay)
 

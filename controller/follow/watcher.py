@@ -46,11 +46,11 @@ from typing import Callable, Dict, Optional, Sequence
 from protocol import Event
 from protocol.endpoints import Endpoints
 from rgtlib import lockfile
+from rgtlib.backoff import Backoff
 
 from controller import paths, pidlock
 from controller import trust as boxtrust
 from controller.box.ssh import SshError
-from controller.follow.backoff import Backoff
 from controller.follow.link import Link, LocalLink, SshLink, make_link, process_alive
 from controller.follow.subscriber import Subscriber, SubscriberError
 from controller.runs import groups, life

@@ -26,7 +26,7 @@ from controller.box.ssh import (
     short_socket_path,
     ssh_config_file,
 )
-from controller.follow.backoff import Backoff
+from rgtlib.backoff import Backoff
 from tests.helpers import wait_until
 from tests.sshbox import SshBox, free_port, keygen, sshbox  # noqa: F401 (fixture)
 

@@ -277,7 +277,7 @@ def test_link_restored_down_s_is_the_outage_length(
     sidecars.append(box)
     box.sidecar.emit("job.started", {"pid": 1})
     link = FlakyLink(str(run_dir))
-    from controller.follow.backoff import Backoff
+    from rgtlib.backoff import Backoff
     serving = Serving(Watcher(RUN, link, backoff=Backoff(base_s=0.05, cap_s=0.1)), store.path)
     try:
         wait_until(lambda: "job.started" in kinds(store), 20, "the job's start stored")
