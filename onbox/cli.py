@@ -15,8 +15,8 @@ from typing import Any, Optional, Tuple
 import click
 from protocol import PACKAGE_VERSION
 
-from .errors import OnboxError
-from .journal import JournalError
+from onbox.errors import OnboxError
+from onbox.journal import JournalError
 
 log = logging.getLogger("onbox")
 
@@ -81,8 +81,8 @@ def serve(ctx: click.Context, run_dir: Path, run_id: str, host: str, job_pid: Op
     directory; <run-dir>/rgt/endpoints.json says where.
     """
     _setup_logging("debug" if ctx.obj["debug"] else log_level)
-    from .sidecar import Sidecar, SidecarConfig
-    from .transport import load_curve_server, parse_tcp
+    from onbox.sidecar import Sidecar, SidecarConfig
+    from onbox.transport import load_curve_server, parse_tcp
 
     try:
         tcp_bind = parse_tcp(tcp) if tcp else None
@@ -130,7 +130,7 @@ def health(gpu_index: Optional[int], seconds: float, as_json: bool, run_dir: Opt
     pass or warn, 2 on fail. Without a GPU or driver the GPU checks say so
     (SKIP) and the rest still run.
     """
-    from .health import run_health
+    from onbox.health import run_health
 
     try:
         code = run_health(gpu_index, seconds, as_json, run_dir, sys.stdout, gpu=probe)
@@ -149,7 +149,7 @@ def xids(source: str, as_json: bool) -> None:
     One record per Xid: code, PCI id, pid, class and what to do on a rented box.
     Exit 2 if any Xid means the GPU or box can no longer be trusted.
     """
-    from .xidreport import run_xids
+    from onbox.xidreport import run_xids
 
     code = run_xids(source, as_json, sys.stdin, sys.stdout, sys.stderr)
     if code:
@@ -272,7 +272,7 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
     """
     from rgtlib.units import parse_duration, parse_size
 
-    from .launch import LaunchOptions, run_launch
+    from onbox.launch import LaunchOptions, run_launch
 
 
     try:
@@ -316,7 +316,7 @@ def stop(run: str, root: Optional[Path], grace: str, as_json: bool) -> None:
     """
     from rgtlib.units import parse_duration
 
-    from .runs import default_root, render_stop, resolve_run, stop_run
+    from onbox.runs import default_root, render_stop, resolve_run, stop_run
 
     try:
         grace_s = parse_duration(grace)
@@ -341,7 +341,7 @@ def stop(run: str, root: Optional[Path], grace: str, as_json: bool) -> None:
 def ps(root: Optional[Path], only: Optional[str], as_json: bool) -> None:
     """Runs on this box: state (running, stopping, exited code N, vanished), job pid,
     sidecar up/down, last event seq."""
-    from .runs import default_root, list_runs, read_json, render_ps, run_dirs, run_status
+    from onbox.runs import default_root, list_runs, read_json, render_ps, run_dirs, run_status
 
     where = root or default_root()
     if only is None:
@@ -379,7 +379,7 @@ def follow(ctx: click.Context, run_dir: Path, node: Optional[str], wait_start: s
     _setup_logging("debug" if ctx.obj["debug"] else log_level)
     from rgtlib.units import parse_duration
 
-    from .follow import Follower, FollowError, FollowUsageError, lower_priority, resolve_run_dir
+    from onbox.follow import Follower, FollowError, FollowUsageError, lower_priority, resolve_run_dir
 
     try:
         wait_s, linger_s = parse_duration(wait_start), parse_duration(linger)
@@ -416,14 +416,14 @@ def _install_signals(stop: Any) -> None:
 
 
 def _add_pull_commands() -> None:
-    from .cli_pull import close_command, manifest_command
+    from onbox.cli_pull import close_command, manifest_command
 
     main.add_command(manifest_command)
     main.add_command(close_command)
 
 
 def _add_deadman_commands() -> None:
-    from .cli_deadman import deadman_group
+    from onbox.cli_deadman import deadman_group
 
     main.add_command(deadman_group)
 

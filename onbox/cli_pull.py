@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 import click
 
-from .errors import OnboxError
+from onbox.errors import OnboxError
 
 _root_option = click.option(
     "--root", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -28,7 +28,7 @@ def _fail(message: str, hint: str = "", code: int = 1) -> click.exceptions.Exit:
 
 def _find(root: Optional[Path], run: str, sealed_too: bool) -> Path:
     """RUN among the active runs; with `sealed_too` also <root>/<project>/export/<run-id>."""
-    from .runs import SAFE_ID, RunError, default_root, resolve_run
+    from onbox.runs import SAFE_ID, RunError, default_root, resolve_run
 
     where = root or default_root()
     try:
@@ -65,8 +65,8 @@ def manifest_command(run: str, root: Optional[Path], includes: Tuple[str, ...], 
     Fails closed (exit 1, nothing written) when a recorded checkpoint or a roster entry is
     missing, an --include matches nothing, or a path leads out of the run dir. Exit 2 on usage.
     """
-    from .gateview import gate_view
-    from .pullmanifest import MANIFEST_REL, ManifestError, build_manifest, save_manifest
+    from onbox.custody.gateview import gate_view
+    from onbox.custody.pullmanifest import MANIFEST_REL, ManifestError, build_manifest, save_manifest
 
     if includes and roster is not None:
         raise _fail("--include and --roster do not mix: a roster lists every file itself", code=2)
@@ -123,7 +123,7 @@ def close_command(run: str, root: Optional[Path], as_json: bool) -> None:
     fails that goes to quarantine/<run-id> with QUARANTINE.json. Exit 0 sealed, 1 refused or
     quarantined, 2 usage.
     """
-    from .closeout import close_run, render_close
+    from onbox.custody.closeout import close_run, render_close
 
     run_dir = _find(root, run, sealed_too=False)
     try:

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from onbox import manifest
+from onbox.custody import manifest
 
 if TYPE_CHECKING:
     from onbox.deadman import Lease

@@ -31,7 +31,7 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Tuple
 from protocol import Event, ProtocolError, decode_event, default_sev, encode_event
 from protocol.codec import has_lone_surrogate, without_surrogates
 
-from .fsutil import fsync_dir
+from onbox.fsutil import fsync_dir
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,8 @@ import profiles
 from protocol import PACKAGE_VERSION
 from protocol.ids import new_run_id
 
-from onbox import deadman, deadmand, manifest, resumeimport
+from onbox import deadman, deadmand, resumeimport
+from onbox.custody import manifest
 from onbox.fingerprint import write_fingerprint
 from onbox.launchenv import (
     Interpreter,

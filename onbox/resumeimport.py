@@ -8,7 +8,7 @@ copy the new box sees (a network volume). PATH is a file unit (a `.pt`, a Lightn
 directory unit (HF `checkpoint-N/`, a DeepSpeed or FSDP shard dir). A file must hash to the given
 SHA-256; a directory's HEX is its unit digest (`rgtlib.hashing.unit_digest` over (relpath, size,
 sha256) of every finished regular file under it, listed as custody lists a unit:
-`onbox.ckptunits.signature`, temporary names and symlinks left out). Else the launch is refused
+`onbox.custody.units.signature`, temporary names and symlinks left out). Else the launch is refused
 (exit 3) and nothing starts. A unit outside the checkpoint dir is copied in first (a temporary
 name, fsync of each file and directory, rename, fsync of the checkpoint dir), so the run owns its
 own copy; then a custody record (rgt/manifest.jsonl; kind "dir" with its files for a directory) is
@@ -29,10 +29,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from rgtlib.hashing import sha256_whole, unit_digest
 
-from onbox import ckptcheck, ckptunits, manifest
+from onbox.custody import check, manifest, units
+from onbox.custody.pullmanifest import ManifestError, sha256_state
 from onbox.fsutil import fsync_dir
 from onbox.launchgates import LaunchRefused, LaunchUsageError
-from onbox.pullmanifest import ManifestError, sha256_state
 
 HASH_TRIES = 3
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -117,7 +117,7 @@ def hash_dir(unit: Path) -> Tuple[str, Tuple[manifest.UnitFile, ...]]:
     """(unit digest, every file with its hash and key) of a directory unit, listed as custody lists
     one; LaunchRefused when its listing or a file kept changing while it was hashed."""
     for _ in range(HASH_TRIES):
-        listing = ckptunits.signature(unit)
+        listing = units.signature(unit)
         files: List[manifest.UnitFile] = []
         try:
             for rel, key in listing:
@@ -127,7 +127,7 @@ def hash_dir(unit: Path) -> Tuple[str, Tuple[manifest.UnitFile, ...]]:
                 files.append(manifest.UnitFile(rel, key[0], digest, key[1], key[2]))
         except (FileNotFoundError, LaunchRefused):
             continue
-        if len(files) == len(listing) and ckptunits.signature(unit) == listing:
+        if len(files) == len(listing) and units.signature(unit) == listing:
             return unit_digest((f.path, f.size, f.sha256) for f in files), tuple(files)
     raise _changing(unit)
 
@@ -169,7 +169,7 @@ def _copy_tree(source: Path, tmp: Path) -> str:
     tmp.mkdir()
     dirs = {tmp}
     rows = []
-    for rel, _key in ckptunits.signature(source):
+    for rel, _key in units.signature(source):
         target = tmp / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         up = target.parent
@@ -254,7 +254,7 @@ def _taken(dest: Path, source: Path) -> LaunchRefused:
 
 def _format(path: Path) -> str:
     try:
-        return ckptcheck.check_path(path).format
+        return check.check_path(path).format
     except OSError:
         return "unknown"
 
@@ -262,7 +262,7 @@ def _format(path: Path) -> str:
 def _file_record(run_dir: Path, ckpt_dir: Path, req: Request, clock: Callable[[], float]
                  ) -> Tuple[manifest.Record, Path, bool]:
     path, copied, key = _place(ckpt_dir, req)
-    step = req.step if req.step is not None else ckptcheck.step_of(path.name)
+    step = req.step if req.step is not None else check.step_of(path.name)
     return manifest.Record(path=os.path.relpath(path, run_dir), size=key[0], sha256=req.sha256,
                            mtime_ns=key[1], inode=key[2], step=step, format=_format(path), ts=clock()), \
         path, copied
@@ -271,11 +271,11 @@ def _file_record(run_dir: Path, ckpt_dir: Path, req: Request, clock: Callable[[]
 def _dir_record(run_dir: Path, ckpt_dir: Path, req: Request, clock: Callable[[], float]
                 ) -> Tuple[manifest.Record, Path, bool]:
     path, copied, files = _place_dir(ckpt_dir, req)
-    step = req.step if req.step is not None else ckptunits.unit_step(path, path.name)
+    step = req.step if req.step is not None else units.unit_step(path, path.name)
     record = manifest.Record(path=os.path.relpath(path, run_dir).replace(os.sep, "/"),
                              size=sum(f.size for f in files), sha256=req.sha256,
                              mtime_ns=max(f.mtime_ns for f in files), inode=os.stat(path).st_ino, step=step,
-                             format=ckptunits.framework_of(path.name), ts=clock(), kind=manifest.DIR,
+                             format=units.framework_of(path.name), ts=clock(), kind=manifest.DIR,
                              files=files)
     return record, path, copied
 

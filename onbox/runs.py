@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from onbox import manifest, strays
+from onbox import strays
+from onbox.custody import manifest
 from onbox.errors import OnboxError
 from onbox.fsutil import write_atomic, write_json_atomic
 

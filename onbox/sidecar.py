@@ -36,20 +36,20 @@ from protocol import (
 from protocol.codec import PAGE_BYTES, request_id_of
 from rgtlib import lockfile
 
-from .custody import CustodyMonitor
-from .deadmanfeed import DeadmanFeed
-from .errors import AlreadyServing, ConfigError
-from .fsutil import write_json_atomic
-from .jobs import FunctionJob, PeriodicJob, Scheduler
-from .journal import Journal
-from .monitor import HealthMonitor, MonitorConfig
-from .preempt import PreemptWatch
-from .pullmanifest import MANIFEST_REL, ManifestError, build_manifest, save_manifest
-from .settings import custody_config, load_watch, training_config
-from .sources import process
-from .stacks import StackCapture, StallStacks
-from .training import TrainingMonitor
-from .transport import CurveServer, EventServer, socket_dir_for
+from onbox.custody.monitor import CustodyMonitor
+from onbox.custody.preempt import PreemptWatch
+from onbox.custody.pullmanifest import MANIFEST_REL, ManifestError, build_manifest, save_manifest
+from onbox.deadmanfeed import DeadmanFeed
+from onbox.errors import AlreadyServing, ConfigError
+from onbox.fsutil import write_json_atomic
+from onbox.jobs import FunctionJob, PeriodicJob, Scheduler
+from onbox.journal import Journal
+from onbox.monitor import HealthMonitor, MonitorConfig
+from onbox.settings import custody_config, load_watch, training_config
+from onbox.sources import process
+from onbox.stacks import StackCapture, StallStacks
+from onbox.training import TrainingMonitor
+from onbox.transport import CurveServer, EventServer, socket_dir_for
 
 log = logging.getLogger(__name__)
 

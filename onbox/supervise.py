@@ -10,7 +10,7 @@ job in a session and process group of its own (stdin /dev/null, stdout+stderr ap
 writes rgt/job.json (wrapper and job pid + start time), waits, and writes rgt/exit.json (code, signal;
 tmp + rename) before it exits with the job's status. SIGTERM/SIGINT sent to the wrapper are passed
 on to the job's process group; when rgt did not ask for the stop (no rgt/stop.json) the wrapper
-first writes rgt/preempt.json and the exit record says `preempted` (onbox/preempt.py). SIGHUP is
+first writes rgt/preempt.json and the exit record says `preempted` (onbox/custody/preempt.py). SIGHUP is
 ignored. It lowers its own OOM score where allowed, so the
 kernel never picks the small wrapper instead of the job.
 
@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from rgtlib import lockfile
 from rgtlib.backoff import Backoff
 
-from onbox.preempt import preemption, record_preemption
+from onbox.custody.preempt import preemption, record_preemption
 from onbox.runs import ProcRef, RunPaths, boot_id, read_json, utc_iso, write_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def _oom_kills() -> Optional[int]:
 
     Read before the job starts and after it ends, this is the one reliable OOM witness: a job
     killed within its first second is gone before any sidecar could take a baseline."""
-    from .sources.host import CgroupReader
+    from onbox.sources.host import CgroupReader
 
     try:
         reader = CgroupReader()

@@ -21,7 +21,7 @@ import zmq.auth  # noqa: TID251 (the zmq seam)
 from protocol.endpoints import Endpoints
 from zmq.auth.thread import ThreadAuthenticator  # noqa: TID251 (the zmq seam)
 
-from .errors import ConfigError
+from onbox.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

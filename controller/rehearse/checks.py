@@ -188,7 +188,7 @@ def file_size(path: Path) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Record:
-    """One line of rgt/manifest.jsonl (onbox/manifest.py writes it)."""
+    """One line of rgt/manifest.jsonl (onbox/custody/manifest.py writes it)."""
 
     path: str          # relative to the run dir
     size: int

@@ -73,7 +73,7 @@ from controller.store.db import Store
 LAUNCH_TIMEOUT_S = 1800  # the launcher hashes (and may copy) the checkpoint before it answers
 CODE_EXCLUDES = (".git", "__pycache__")
 Shell = Union[Ssh, LocalShell]
-DIR = "dir"  # a custody record's kind for a directory unit (onbox.manifest.DIR)
+DIR = "dir"  # a custody record's kind for a directory unit (onbox.custody.manifest.DIR)
 # What a directory unit's push leaves out: the temporary names custody never counts (is_temporary).
 TEMP_EXCLUDES = (".*", "*.tmp", "*.partial", "*.tmp.*", "tmp-*", "tmp_*")
 
@@ -233,7 +233,7 @@ def _inside_rel(rel: str) -> bool:
 
 def unit_files(unit: Path) -> List[Tuple[str, Path]]:
     """(POSIX path under `unit`, path) of every regular file a directory unit holds, as custody lists
-    one (onbox.ckptunits.signature): no symlink followed, temporary names left out."""
+    one (onbox.custody.units.signature): no symlink followed, temporary names left out."""
     out: List[Tuple[str, Path]] = []
     for base, dirs, files in os.walk(unit):
         dirs[:] = [d for d in dirs if not is_temporary(d)]

@@ -31,7 +31,7 @@ class ExitRecord:
     code: Optional[int]
     signal: Optional[int]
     oom_killed: bool = False
-    preempted: bool = False   # the wrapper got a SIGTERM rgt did not send (onbox/preempt.py)
+    preempted: bool = False   # the wrapper got a SIGTERM rgt did not send (onbox/custody/preempt.py)
     stop_requested: bool = False  # rgt-onbox stop asked for it (rgt/stop.json)
 
 

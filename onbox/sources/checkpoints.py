@@ -3,7 +3,7 @@ only onbox module that imports it) and the paced reads, copies and fsyncs of che
 
 `CheckpointWatcher` watches one directory tree and hands each file change to a callback as a plain
 `Change` (kinds: created, modified, closed, moved, deleted); deciding what a change means is
-`onbox.custody`'s job. Directory events are dropped (watchdog itself turns a directory move into
+`onbox.custody.monitor`'s job. Directory events are dropped (watchdog itself turns a directory move into
 file moves, and a directory moved in from elsewhere into file creations). Opens, closes without a
 write (our own hasher's reads) and attribute changes are dropped too.
 

@@ -15,7 +15,7 @@ import pytest
 from controller.pull.fetch import Progress, PullError, pull
 from controller.pull.stage import MARKER
 from controller.store.db import Store
-from onbox import manifest
+from onbox.custody import manifest
 
 RUN = "run-l"
 SIZE = 300_000

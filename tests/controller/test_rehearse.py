@@ -57,7 +57,7 @@ def append_lines(path: Path, *objs: Any, raw: bytes = b"") -> None:
 
 
 def save_ckpt(run_dir: Path, rel: str, payload: bytes, step: Optional[int], ts: float) -> Record:
-    """A checkpoint file and its custody record, the way onbox/custody.py writes one."""
+    """A checkpoint file and its custody record, the way onbox/custody/monitor.py writes one."""
     path = run_dir / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(payload)

@@ -18,7 +18,7 @@ from controller.box.ssh import LocalShell
 from controller.resume import plan as resume
 from controller.resume.plan import Options
 from controller.store.db import Store
-from onbox import ckptunits
+from onbox.custody import units as ckptunits
 from protocol import Event
 from rgtlib.hashing import unit_digest
 from tests.controller.test_resume import RUN, Old, store

@@ -25,8 +25,8 @@ from controller.cli.pull import teardown_command
 from controller.runs import life
 from controller.store.db import Store
 from controller.teardown import gate as teardown
-from onbox import manifest
-from onbox.pullmanifest import build_manifest
+from onbox.custody import manifest
+from onbox.custody.pullmanifest import build_manifest
 from protocol import Event
 from tests.sshbox import SshBox, sshbox
 

@@ -15,7 +15,7 @@ from typing import Any, Dict, List
 import pytest
 
 from controller.store.db import Store
-from onbox import manifest
+from onbox.custody import manifest
 from protocol import Event
 from tests.e2e.rgtbox import ONBOX, TEST_ONBOX_ARGS, Rgt
 from tests.e2e.test_frameworks_e2e import LINGER, launch_has_cwd, rgt_at

@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
-from onbox import manifest
+from onbox.custody import manifest
 from onbox.journal import read_all
 from onbox.runs import read_json
 from tests.e2e.cgroups import small_memory_cgroup

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from onbox import ckptcheck, ckptfinite
-from onbox.ckptcheck import BAD, OK, UNCHECKED, check_path
+from onbox.custody import check, finite
+from onbox.custody.check import BAD, OK, UNCHECKED, check_path
 from rgtlib.safetensors_header import DTYPE_BITS
 
 # The 3.9 run (make py39) has no torch wheel on this disk; there these modules skip.
@@ -212,13 +212,13 @@ def test_every_dtype_torch_writes_is_known_with_its_size(tmp_path: Path) -> None
     ("iter_0001000/model.pt", 1000), ("best.pt", None), ("model-00001-of-00002.safetensors", None),
 ])
 def test_step_of_a_name(name: str, step: Optional[int]) -> None:
-    assert ckptcheck.step_of(name) == step
+    assert check.step_of(name) == step
 
 
 def test_step_from_metadata_when_the_name_has_none() -> None:
-    assert ckptcheck.step_of("model.safetensors", {"step": "42"}) == 42
-    assert ckptcheck.step_of("step7.safetensors", {"step": "42"}) == 7
-    assert ckptcheck.step_of("model.safetensors", {"step": "n/a"}) is None
+    assert check.step_of("model.safetensors", {"step": "42"}) == 42
+    assert check.step_of("step7.safetensors", {"step": "42"}) == 7
+    assert check.step_of("model.safetensors", {"step": "n/a"}) is None
 
 
 HOSTILE_HEADERS = {
@@ -248,7 +248,7 @@ def test_a_hostile_header_is_bad_never_a_raise(tmp_path: Path, name: str) -> Non
 def test_a_check_that_raises_is_bad_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*args: Any) -> Any:
         raise RecursionError("maximum recursion depth exceeded")
-    monkeypatch.setattr(ckptfinite, "sample_nonfinite", boom)
+    monkeypatch.setattr(finite, "sample_nonfinite", boom)
     path = _write_st(tmp_path / "m.safetensors", {"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}},
                      b"\0")
     result = check_path(path)

@@ -1,4 +1,4 @@
-"""The sampled NaN/Inf check of safetensors weights (onbox.ckptfinite), against torch's own isfinite."""
+"""The sampled NaN/Inf check of safetensors weights (onbox.custody.finite), against torch's own isfinite."""
 from __future__ import annotations
 
 import io
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from onbox import ckptcheck
-from onbox.ckptfinite import FILE_BUDGET_BYTES, SAMPLE_BYTES, chunk_has_nonfinite, sample_nonfinite
+from onbox.custody import check
+from onbox.custody.finite import FILE_BUDGET_BYTES, SAMPLE_BYTES, chunk_has_nonfinite, sample_nonfinite
 from rgtlib.safetensors_header import parse_path
 
 torch = pytest.importorskip("torch")
@@ -50,9 +50,9 @@ def test_a_poisoned_model_is_named_and_a_healthy_one_is_not(tmp_path: Path) -> N
     good = {"a.weight": torch.randn(64, 64), "b.bias": torch.zeros(64, dtype=torch.bfloat16),
             "steps": torch.arange(10)}
     bad = {**good, "b.bias": torch.full((64,), float("inf"), dtype=torch.bfloat16)}
-    ok = ckptcheck.check_path(_file(tmp_path / "good.safetensors", good))
-    nan = ckptcheck.check_path(_file(tmp_path / "bad.safetensors", bad))
-    assert ok.status == nan.status == ckptcheck.OK
+    ok = check.check_path(_file(tmp_path / "good.safetensors", good))
+    nan = check.check_path(_file(tmp_path / "bad.safetensors", bad))
+    assert ok.status == nan.status == check.OK
     assert ok.nonfinite == () and nan.nonfinite == ("b.bias",)
 
 

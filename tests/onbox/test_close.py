@@ -15,11 +15,11 @@ from typing import Any, Iterator, List
 import pytest
 from click.testing import CliRunner
 
-from onbox import manifest, pullmanifest
 from onbox.cli_pull import close_command
-from onbox.closeout import QUARANTINE_FILE, close_run
-from onbox.gateview import gate_view
-from onbox.pullmanifest import MANIFEST_REL
+from onbox.custody import manifest, pullmanifest
+from onbox.custody.closeout import QUARANTINE_FILE, close_run
+from onbox.custody.gateview import gate_view
+from onbox.custody.pullmanifest import MANIFEST_REL
 from onbox.runs import run_status
 from protocol.pull import check_manifest
 from tests.helpers import SidecarProcess, wait_until

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from onbox import manifest
-from onbox.ckptcheck import is_temporary
-from onbox.custody import CustodyConfig, CustodyMonitor
+from onbox.custody import manifest
+from onbox.custody.check import is_temporary
+from onbox.custody.monitor import CustodyConfig, CustodyMonitor
 from onbox.errors import ConfigError
 from onbox.jobs import Scheduler
 from onbox.sources.checkpoints import Change, CheckpointWatcher, fs_type, is_network_fs

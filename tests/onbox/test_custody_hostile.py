@@ -22,8 +22,8 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
-from onbox import custodycore, manifest, pullmanifest
-from onbox.custody import CustodyConfig, CustodyMonitor
+from onbox.custody import manifest, pullmanifest, worker
+from onbox.custody.monitor import CustodyConfig, CustodyMonitor
 from onbox.jobs import Scheduler
 from tests.helpers import Recorder
 
@@ -95,7 +95,7 @@ def test_a_header_that_crashed_custody_is_a_recorded_suspect_and_fails_the_pull(
     h.idle()
     assert not h.events.of("sidecar.degraded") and not h.events.of("ckpt.saved")
     assert (data["path"], data["code"], data["recorded"]) == (NAME, "bad_structure", True), data
-    reason = "safetensors: header nests 100000 levels deep (over 64): refused unparsed"
+    reason = "safetensors: header nests 100000 levels deep (limit 64): refused without parsing it"
     assert data["reason"] == reason
     [line] = manifest.live_suspects(h.run)
     st = path.stat()
@@ -145,7 +145,7 @@ def test_hashing_that_raises_leaves_the_unit_in_as_check_failed(custody: Callabl
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: Any) -> Any:
         raise OSError(errno.EIO, "Input/output error")
-    monkeypatch.setattr(custodycore, "sha256_stream", broken)
+    monkeypatch.setattr(worker, "sha256_stream", broken)
     h = custody()
     write_atomic(h.ckpt / "step000009.pt", b"PK\x03\x04 not really")
     data = h.events.wait_for("ckpt.suspect")[0]

@@ -18,8 +18,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from onbox import gateview, hints, manifest, pullmanifest
-from onbox.custody import CustodyConfig, CustodyMonitor
+from onbox import hints
+from onbox.custody import gateview, manifest, pullmanifest
+from onbox.custody.monitor import CustodyConfig, CustodyMonitor
 from onbox.jobs import Scheduler
 from protocol.pull import check_manifest
 from rgtlib.hashing import unit_digest

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from onbox import manifest
+from onbox.custody import manifest
 from onbox.deadman import (
     DEFAULT_TTL_S,
     DeadmanError,

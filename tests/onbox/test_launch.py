@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from onbox import manifest
+from onbox.custody import manifest
 from onbox.health import run_health
 from onbox.journal import read_all
 from onbox.launch import (

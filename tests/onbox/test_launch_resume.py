@@ -16,7 +16,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from onbox import manifest
+from onbox.custody import manifest
 from onbox.journal import read_all
 from onbox.launch import EXIT_REFUSED, EXIT_USAGE, run_launch
 from onbox.settings import resume_step, training_config

@@ -11,10 +11,10 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 from click.testing import CliRunner
 
-from onbox import manifest, pullmanifest
 from onbox.cli_pull import manifest_command
-from onbox.gateview import gate_view
-from onbox.pullmanifest import (
+from onbox.custody import manifest, pullmanifest
+from onbox.custody.gateview import gate_view
+from onbox.custody.pullmanifest import (
     DEFAULT_INCLUDES,
     MANIFEST_REL,
     ManifestError,

@@ -20,7 +20,8 @@ from typing import Dict, Iterator, List
 
 import pytest
 
-from onbox import manifest, resumeimport
+from onbox import resumeimport
+from onbox.custody import manifest
 from onbox.launch import EXIT_REFUSED, run_launch
 from onbox.launchgates import LaunchRefused, LaunchUsageError
 from tests.helpers import REPO, wait_until

@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from onbox import manifest
+from onbox.custody import manifest
 from onbox.runs import (
     ProcRef,
     RunError,

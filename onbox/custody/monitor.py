@@ -3,14 +3,14 @@ in <run>/rgt/manifest.jsonl, notice their removal, copy them to durable storage.
 `onbox.monitor`.
 
 Places: the checkpoint dir ($RGT_CKPT_DIR, where every file is a checkpoint) plus the places the job
-really writes, found by `onbox.ckptlocate` (hints, HF's output_dir, Lightning's dirpath, large files
+really writes, found by `onbox.custody.locate` (hints, HF's output_dir, Lightning's dirpath, large files
 the job holds open for writing), each reported once as `ckpt.location` and watched from then on
 (one `CheckpointWatcher` per place; a change seen by two nested places belongs to the deeper one).
 Outside the checkpoint dir only units count: directory units and files with a weights suffix (or
 a file the job was seen writing). The places are kept in rgt/ckpt_locations.json, so a restarted
 sidecar watches them again and the gate's view scans them.
 
-Units (`onbox.ckptunits`): a file, or a directory such as HF's `checkpoint-N/`. A file unit commits
+Units (`onbox.custody.units`): a file, or a directory such as HF's `checkpoint-N/`. A file unit commits
 when it was renamed into place (a move to a non-temporary name, or a creation with no write after
 it: a rename from another directory), or when it was closed after a write and then stayed quiet
 (size, mtime and inode unchanged for `settle_s`). A directory unit commits when it was renamed
@@ -37,7 +37,7 @@ suspect: the pull fails closed on it.
 Threads: watchdog's (the change callback only updates the pending table and the queue; beyond a
 stat or a small directory listing it never reads a file), and "rgt-custody", one worker that hashes
 (SHA-256, 1 MiB reads, paced by a token bucket at `hash_rate_bytes_s`), runs the structural check
-(`onbox.ckptcheck`), appends the record, emits `ckpt.saved`, and makes the durable copies. Settling,
+(`onbox.custody.check`), appends the record, emits `ckpt.saved`, and makes the durable copies. Settling,
 removals, locating, temporary-file ages, missed files and staleness are periodic jobs (`jobs()`).
 
 Durable policy: "all" copies every recorded unit right after it is recorded; "last" copies once
@@ -56,10 +56,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from onbox import ckptunits, manifest
-from onbox.ckptcheck import is_temporary
-from onbox.ckptlocate import Locator
-from onbox.custodycore import (
+from onbox.custody import manifest
+from onbox.custody import units as ckptunits
+from onbox.custody.check import is_temporary
+from onbox.custody.locate import Locator
+from onbox.custody.worker import (
     CLOSE,
     DIR,
     FILE,

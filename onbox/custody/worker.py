@@ -1,5 +1,5 @@
 """The state of one run's checkpoint custody and its worker thread ("rgt-custody"): hashing,
-checking and recording committed units, removal lines, durable copies. `onbox.custody` is the
+checking and recording committed units, removal lines, durable copies. `onbox.custody.monitor` is the
 change side (observers, settling, places, sweeps) built on it; read its module doc first.
 
 A committed unit is never left out because judging it went wrong: one that fails its structural
@@ -22,8 +22,9 @@ from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Set, Tup
 
 from rgtlib.hashing import CHUNK, RateLimit, sha256_stream, unit_digest
 
-from onbox import ckptcheck, ckptunits, manifest
-from onbox.custodydurable import DurableCopier
+from onbox.custody import check as ckptcheck
+from onbox.custody import manifest, units
+from onbox.custody.durable import DurableCopier
 from onbox.errors import ConfigError
 from onbox.hints import HintReader
 from onbox.sources.checkpoints import CheckpointWatcher, Key, stat_key
@@ -113,7 +114,7 @@ def safe_check(f: Any, size: int, name: str) -> ckptcheck.CheckResult:
 def hash_dir(unit: Path, pace: RateLimit, progress: Callable[[int], None]) -> DirHash:
     """Hash and check every file of a directory unit; `changed` when its listing or any file's key
     differs at the end from the start (the caller settles it and tries again)."""
-    sig0 = ckptunits.signature(unit)
+    sig0 = units.signature(unit)
     done: List[HashedFile] = []
     total = 0
     for rel, key in sig0:
@@ -132,7 +133,7 @@ def hash_dir(unit: Path, pace: RateLimit, progress: Callable[[int], None]) -> Di
             return DirHash(done, changed=True)
         total += key[0]
         done.append(HashedFile(rel, key, digest, check))
-    return DirHash(done, changed=ckptunits.signature(unit) != sig0)
+    return DirHash(done, changed=units.signature(unit) != sig0)
 
 
 def _offset(progress: Callable[[int], None], base: int) -> Callable[[int], None]:
@@ -140,7 +141,7 @@ def _offset(progress: Callable[[int], None], base: int) -> Callable[[int], None]
 
 
 class CustodyCore:
-    """The shared state and the worker; `onbox.custody.CustodyMonitor` adds the change side."""
+    """The shared state and the worker; `onbox.custody.monitor.CustodyMonitor` adds the change side."""
 
     def __init__(self, config: CustodyConfig, emit: Emit, *, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
@@ -205,7 +206,7 @@ class CustodyCore:
 
     def _sig(self, unit: str, kind: str) -> Any:
         if kind == DIR:
-            return ckptunits.signature(Path(unit)) or None
+            return units.signature(Path(unit)) or None
         try:
             st = os.stat(unit)
         except OSError:
@@ -453,7 +454,7 @@ class CustodyCore:
         bad = [(f.path, f.check.reason or "bad structure") for f in result.files
                if f.check.status == ckptcheck.BAD]
         bad += [(f.path, "zero bytes") for f in result.files
-                if f.key[0] == 0 and ckptunits.is_weight_name(f.path)]
+                if f.key[0] == 0 and units.is_weight_name(f.path)]
         if bad:
             hashed = tuple(manifest.UnitFile(f.path, f.key[0], f.sha256, f.key[1], f.key[2])
                            for f in result.files)
@@ -470,8 +471,8 @@ class CustodyCore:
         record = manifest.Record(
             path=self._rec_path(unit), size=sum(f.size for f in files),
             sha256=unit_digest((f.path, f.size, f.sha256) for f in files),
-            mtime_ns=max(f.mtime_ns for f in files), inode=inode, step=ckptunits.unit_step(Path(unit), rel),
-            format=ckptunits.framework_of(os.path.basename(unit)), ts=self._clock(), kind=DIR, files=files,
+            mtime_ns=max(f.mtime_ns for f in files), inode=inode, step=units.unit_step(Path(unit), rel),
+            format=units.framework_of(os.path.basename(unit)), ts=self._clock(), kind=DIR, files=files,
             root=self._outside_root(unit, root))
         checked = "ok" if all(f.check.status == ckptcheck.OK or f.check.format == ckptcheck.OTHER
                               for f in result.files) else "unchecked"
@@ -502,7 +503,7 @@ class CustodyCore:
     def _outside_root(self, unit: str, root: str) -> Optional[str]:
         if not os.path.isabs(self._rec_path(unit)):
             return None
-        ckptunits.ensure_link(self.run_dir, root)
+        units.ensure_link(self.run_dir, root)
         return root
 
     def _progress(self, done: int) -> None:
@@ -529,7 +530,7 @@ class CustodyCore:
         if record.kind == DIR:
             data["files"] = len(record.files)
         if record.root is not None:
-            data["pull_path"] = ckptunits.in_pull_path(self.run_dir, record.path, record.root)
+            data["pull_path"] = units.in_pull_path(self.run_dir, record.path, record.root)
         self._emit("ckpt.saved", data, None)
         if self._durable is not None and self.config.durable_policy == "all":
             with self._cond:
@@ -542,7 +543,7 @@ class CustodyCore:
         rel = os.path.relpath(unit, self.ckpt_dir)
         if not rel.startswith(".."):
             return rel
-        return ckptunits.in_pull_path(self.run_dir, record.path, record.root) or os.path.basename(unit)
+        return units.in_pull_path(self.run_dir, record.path, record.root) or os.path.basename(unit)
 
     def _queue_missing_copies(self) -> None:
         assert self._durable is not None

@@ -6,7 +6,7 @@ A check reads what locates the tensors (and, for safetensors, a sample of their 
 - safetensors: the header and every tensor's span, by the parser the controller's proof uses too
   (`rgtlib.safetensors_header`: a hostile header is "bad", never a RecursionError or a MemoryError;
   spans contiguous and covering the data section exactly, as the safetensors loader demands); then
-  the head of each float tensor is sampled for NaN/Inf (`onbox.ckptfinite`: raw bytes, nothing
+  the head of each float tensor is sampled for NaN/Inf (`onbox.custody.finite`: raw bytes, nothing
   decoded).
 - torch zip (`torch.save` since 1.6): the zip central directory parses, a `data.pkl` member exists,
   and every member's recorded span lies inside the file. No member is decompressed or read.
@@ -31,7 +31,7 @@ from typing import IO, Any, Dict, Mapping, Optional, Tuple
 from protocol.pull import is_temporary  # re-exported: custody and the manifest use it from here
 from rgtlib import safetensors_header
 
-from onbox import ckptfinite
+from onbox.custody import finite
 
 OK = "ok"
 BAD = "bad"
@@ -125,7 +125,7 @@ def _check_safetensors(f: IO[bytes], size: int) -> CheckResult:
         layout = safetensors_header.parse(f, size)
     except safetensors_header.HeaderError as e:
         raise _Bad(str(e)) from e
-    nonfinite, _ = ckptfinite.sample_nonfinite(f, layout.data_start, layout.tensors)
+    nonfinite, _ = finite.sample_nonfinite(f, layout.data_start, layout.tensors)
     return CheckResult(SAFETENSORS, OK, metadata=layout.metadata, tensors=len(layout.tensors),
                        nonfinite=tuple(nonfinite))
 

@@ -1,5 +1,5 @@
 """The teardown gate's view of a run: what the box holds now, by the paths a pull uses, beside what
-custody recorded (onbox.manifest) and what the pull manifest would list (onbox.pullmanifest).
+custody recorded (onbox.custody.manifest) and what the pull manifest would list (onbox.custody.pullmanifest).
 
 Standard library only, no threads; bounded walks (MAX_GATE_ENTRIES entries, fixed depths), so a box
 with a huge tree answers in bounded time and the controller's gate fails closed on what it lacks.
@@ -11,11 +11,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from . import ckptunits
-from .ckptcheck import is_temporary
-from .fsutil import regular_files
-from .pullmanifest import ManifestError, live_records, pull_rel, removed_entries, run_meta, unit_files
-from .runs import utc_iso
+from onbox.custody import units
+from onbox.custody.check import is_temporary
+from onbox.custody.pullmanifest import (
+    ManifestError,
+    live_records,
+    pull_rel,
+    removed_entries,
+    run_meta,
+    unit_files,
+)
+from onbox.fsutil import regular_files
+from onbox.runs import utc_iso
 
 GATE_SCHEMA = "rgt.gate_view"
 MAX_GATE_ENTRIES = 200_000
@@ -68,8 +75,8 @@ def _walk_files(top: Path, max_depth: int, budget: List[int],
 
 def _checkpoint_like(rel: str, st: os.stat_result) -> bool:
     parts = rel.split("/")
-    in_unit = any(ckptunits.is_unit_dir(p) or p.startswith("checkpoint-") for p in parts[:-1])
-    return st.st_size > 0 and (ckptunits.is_weight_name(parts[-1]) or in_unit)
+    in_unit = any(units.is_unit_dir(p) or p.startswith("checkpoint-") for p in parts[:-1])
+    return st.st_size > 0 and (units.is_weight_name(parts[-1]) or in_unit)
 
 
 def gate_view(run_dir: Path) -> Dict[str, Any]:
@@ -105,13 +112,13 @@ def gate_view(run_dir: Path) -> Dict[str, Any]:
             keys[rel] = key
             if not os.path.lexists(root / rel):
                 missing.append(rel)
-    places = [(ckpt_dir, True)] + [(Path(os.path.realpath(p)), False) for p in ckptunits.read_places(root)]
+    places = [(ckpt_dir, True)] + [(Path(os.path.realpath(p)), False) for p in units.read_places(root)]
     unrecorded: List[Dict[str, Any]] = []
     partials: List[str] = []
     budget = [MAX_GATE_ENTRIES]
     for place, every in places:
         inside = place == root or root in place.parents
-        base = os.path.relpath(place, root) if inside else ckptunits.external_rel(str(place))
+        base = os.path.relpath(place, root) if inside else units.external_rel(str(place))
         for full, st in _walk_files(place, 64, budget, skip=False):
             sub = os.path.relpath(full, place).replace(os.sep, "/")
             rel = f"{base}/{sub}".replace(os.sep, "/")

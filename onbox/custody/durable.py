@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from rgtlib.hashing import RateLimit
 
-from onbox import manifest
+from onbox.custody import manifest
 from onbox.sources.checkpoints import Key, copy_stream, fsync_dir, sha256_uncached, unlink_quietly
 
 log = logging.getLogger(__name__)

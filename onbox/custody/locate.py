@@ -25,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
-from onbox.ckptunits import is_unit_dir
+from onbox.custody.units import is_unit_dir
 from onbox.hints import HintReader
 
 _SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages", "venv", ".venv", "env", "wandb",

@@ -28,9 +28,9 @@ from typing import IO, Any, Callable, Dict, List, Optional
 
 from rgtlib import lockfile
 
-from . import pullmanifest
-from .fsutil import fsync_dir, write_json_atomic
-from .runs import JobRecord, RunPaths, group_members, run_status, utc_iso
+from onbox.custody import pullmanifest
+from onbox.fsutil import fsync_dir, write_json_atomic
+from onbox.runs import JobRecord, RunPaths, group_members, run_status, utc_iso
 
 QUARANTINE_FILE = "QUARANTINE.json"
 

@@ -9,13 +9,13 @@ itself:
   `*_fsdp_N` (FSDP shard dirs), and any directory a `checkpoint` hint named;
 - file units: everything else (`step100.pt`, `epoch=0-step=40.ckpt`, `model.safetensors`).
 
-Temporary names (`onbox.ckptcheck.is_temporary`: `tmp-checkpoint-N/`, `*.tmp`, dotfiles) are never
+Temporary names (`onbox.custody.check.is_temporary`: `tmp-checkpoint-N/`, `*.tmp`, dotfiles) are never
 part of a unit; a unit staged under one commits when it is renamed into place.
 
 A directory unit is complete when its framework's last file of the save was written (HF:
 `trainer_state.json`, see `final_file`) and the directory is quiet; without a known last file, when
 it stayed quiet for the longer `unit_settle_s`. Its files are hashed one by one (`hash_dir`) and
-summed up by `rgtlib.hashing.unit_digest` (the hashing is the custody worker's: `onbox.custodycore`).
+summed up by `rgtlib.hashing.unit_digest` (the hashing is the custody worker's: `onbox.custody.worker`).
 Standard library only: the pull manifest and the gate's view use it too.
 
 A unit outside the run dir gets a stable place in a pull: <run>/rgt/external/<name>-<8 hex>, a
@@ -32,8 +32,8 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from onbox import ckptcheck
-from onbox.ckptcheck import is_temporary
+from onbox.custody import check
+from onbox.custody.check import is_temporary
 from onbox.fsutil import regular_files
 
 _UNIT_DIR = re.compile(r"^(?:checkpoint|ckpt|global_step|step|iter|iteration|epoch)[-_=]?\d+$"
@@ -93,7 +93,7 @@ def signature(unit: Path) -> Sig:
 def unit_step(unit: Path, rel: str) -> Optional[int]:
     """The step a unit's name says (checkpoint-50, epoch=0-step=60.ckpt), else its
     trainer_state.json's global_step."""
-    step = ckptcheck.step_of(rel)
+    step = check.step_of(rel)
     if step is not None:
         return step
     state = unit / "trainer_state.json"

@@ -1,13 +1,14 @@
 """What a pull must bring back: <run>/rgt/PULL_MANIFEST.json (schema in protocol.pull). The box's
-current checkpoint set for the controller's teardown gate is onbox.gateview, built on the same records.
+current checkpoint set for the controller's teardown gate is onbox.custody.gateview, built on the
+same records.
 
 The roster is every live checkpoint unit in rgt/manifest.jsonl (its newest record per path, minus
-the units the job itself rotated away: a removal line by "job", see onbox.manifest), expanded to its
+the units the job itself rotated away: a removal line by "job", see onbox.custody.manifest), expanded to its
 files (kind "checkpoint", each naming its "unit"), plus the declared includes: glob patterns
 relative to the run dir (`**` spans directories, `*` and `?` stay within one; a pattern naming a
 directory takes every file under it), or an explicit roster file of relative paths. A unit recorded
 outside the run dir is listed under its place's link rgt/external/<name>-<8 hex> (made here when
-missing; see onbox.ckptunits), its files checked to resolve inside that recorded place. The
+missing; see onbox.custody.units), its files checked to resolve inside that recorded place. The
 rotated units go to the optional top-level "removed" list: gone on purpose, not missing. A
 checkpoint's custody sha256 is reused while its size, mtime and inode still match the record;
 anything else is hashed now (4 MiB reads).
@@ -16,7 +17,7 @@ It fails closed: a recorded checkpoint file that is missing (a unit removed by a
 job's rotation among them), a roster entry that is missing, an explicit
 include that matches nothing, or any path that leads out of the run dir (`..`, a symlink pointing
 outside) raises ManifestError and nothing is written. Never listed: rgt/sock/, the manifest itself,
-temporary names (*.tmp, *.partial, dotfiles: `onbox.ckptcheck.is_temporary`).
+temporary names (*.tmp, *.partial, dotfiles: `onbox.custody.check.is_temporary`).
 
 Standard library only, no threads: the sidecar runs it on its control thread, the CLI in-process.
 """
@@ -34,11 +35,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from protocol.pull import FILENAME, SCHEMA, VERSION, manifest_digest
 from rgtlib.hashing import sha256_whole
 
-from . import ckptunits, manifest
-from .ckptcheck import is_temporary
-from .errors import OnboxError
-from .fsutil import write_atomic
-from .runs import read_json, utc_iso
+from onbox.custody import manifest, units
+from onbox.custody.check import is_temporary
+from onbox.errors import OnboxError
+from onbox.fsutil import write_atomic
+from onbox.runs import read_json, utc_iso
 
 CHUNK = 4 << 20
 DEFAULT_INCLUDES: Tuple[str, ...] = ("metrics.jsonl", "run.json", "train.log", "rgt/manifest.jsonl",
@@ -64,8 +65,8 @@ class MissingCheckpoints(ManifestError):
 def _excluded(rel: str) -> bool:
     """Never listed by an include: the socket dir, this manifest, temporary names, and the links to
     places outside the run dir (their units are listed as checkpoints, from their records)."""
-    return (rel == MANIFEST_REL or rel in ("rgt/sock", ckptunits.EXTERNAL) or rel.startswith("rgt/sock/")
-            or rel.startswith(ckptunits.EXTERNAL + "/") or is_temporary(rel))
+    return (rel == MANIFEST_REL or rel in ("rgt/sock", units.EXTERNAL) or rel.startswith("rgt/sock/")
+            or rel.startswith(units.EXTERNAL + "/") or is_temporary(rel))
 
 
 def _clean_rel(text: str, what: str) -> str:
@@ -241,15 +242,15 @@ def live_records(run_dir: Path) -> Tuple[Dict[str, manifest.Record], List[manife
 
 
 def pull_rel(root: Path, rec: manifest.Record) -> str:
-    """A recorded unit's path in the pull (see onbox.ckptunits: outside units under rgt/external/)."""
+    """A recorded unit's path in the pull (see onbox.custody.units: outside units under rgt/external/)."""
     if not os.path.isabs(rec.path):
         return _clean_rel(rec.path, "recorded checkpoint")
-    rel = ckptunits.in_pull_path(root, rec.path, rec.root)
+    rel = units.in_pull_path(root, rec.path, rec.root)
     if rel is None:
         raise ManifestError(f"recorded checkpoint {rec.path} lies outside the run dir and outside "
                             f"its recorded place {rec.root!r}")
     try:
-        ckptunits.ensure_link(root, str(rec.root))
+        units.ensure_link(root, str(rec.root))
     except OSError:
         pass  # a sealed run: the link made when it was recorded is checked below
     return _clean_rel(rel, "recorded checkpoint")
@@ -415,7 +416,7 @@ def write_manifest(run_dir: Path, includes: Sequence[str] = DEFAULT_INCLUDES, ro
 def _listed(root: Path, rel: str) -> Path:
     """A listed file's path: inside the run dir, or (rgt/external/<place>/...) inside that place."""
     parts = rel.split("/")
-    if rel.startswith(ckptunits.EXTERNAL + "/") and len(parts) > 3:
+    if rel.startswith(units.EXTERNAL + "/") and len(parts) > 3:
         link = root.joinpath(*parts[:3])
         try:
             place = os.path.realpath(os.readlink(link))
