@@ -12,7 +12,7 @@
 record ("custody": the file's size, mtime and inode still match it) or was computed while the
 manifest was built ("now"). A checkpoint entry may name its `unit` (the directory or file a
 framework saved at once; a file of a directory unit lies under it); a unit recorded outside the run
-dir is listed under rgt/external/ (see onbox.ckptunits). The optional top-level `removed` lists
+dir is listed under rgt/external/ (see onbox.custody.units). The optional top-level `removed` lists
 units the job itself rotated away after they were recorded (HF save_total_limit, Lightning
 save_top_k), at most MAX_REMOVED: {"path": <unit, checked like a file path>, "sha256": <the
 unit's>, "by": "job" | "other", "reason": <at most 500 chars>, "ts": <unix seconds>, "step": <int
