@@ -211,8 +211,8 @@ def box_groups(rig: BoxRig) -> Groups:
 
 def deadman_pid(rig: BoxRig) -> Optional[int]:
     """The box's dead-man daemon (one for all the host names: they share the box's HOME)."""
-    from onbox.deadman import paths_for
-    from onbox.deadmand import daemon_pid
+    from onbox.deadman.daemon import daemon_pid
+    from onbox.deadman.lease import paths_for
 
     return daemon_pid(paths_for({"HOME": str(rig.box.home)}))
 

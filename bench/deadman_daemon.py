@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO))
 
 import psutil  # noqa: E402
 
-from onbox.deadman import paths_for  # noqa: E402
-from onbox.deadmand import TICK_S, daemon_pid  # noqa: E402
+from onbox.deadman.daemon import TICK_S, daemon_pid  # noqa: E402
+from onbox.deadman.lease import paths_for  # noqa: E402
 from onbox.runs import ProcRef  # noqa: E402
 
 ONBOX = [sys.executable, "-m", "onbox.cli", "deadman"]

@@ -296,15 +296,15 @@ def end_runs(rig: Rig, runs: List[Dict[str, Any]]) -> None:
 
 
 def end_deadman(rig: Rig) -> None:
-    from onbox import deadman, deadmand
+    from onbox.deadman import daemon, lease
     from onbox.runs import wait_for
 
     rig.call("deadman", rig.host, "disarm", "--json", check=False, timeout_s=60)
-    paths = deadman.paths_for({"HOME": str(rig.box_home)})
-    pid = deadmand.daemon_pid(paths)
-    if pid is not None and not wait_for(lambda: deadmand.daemon_pid(paths) is None, 15.0):
+    paths = lease.paths_for({"HOME": str(rig.box_home)})
+    pid = daemon.daemon_pid(paths)
+    if pid is not None and not wait_for(lambda: daemon.daemon_pid(paths) is None, 15.0):
         os.kill(pid, 15)   # the daemon this bench's launches started, by its pid
-        wait_for(lambda: deadmand.daemon_pid(paths) is None, 10.0)
+        wait_for(lambda: daemon.daemon_pid(paths) is None, 10.0)
 
 
 NOISE = ("gpu.sample", "gpu.throttle", "ckpt.saved", "ckpt.removed", "deadman.expiring", "link.lost",

@@ -1,4 +1,4 @@
-"""`rgt-onbox deadman ...`: the box's dead-man timer (onbox/deadman.py, onbox/deadmand.py).
+"""`rgt-onbox deadman ...`: the box's dead-man timer (onbox/deadman/lease.py, onbox/deadman/daemon.py).
 
 Thin click commands, added to the `rgt-onbox` group by onbox/cli.py. Each prints a short table, or
 with --json one JSON object (what the controller reads through ssh). Exit 0 ok, 1 refused or
@@ -109,8 +109,8 @@ def arm_command(ttl: float, idle: float, max_hours: Optional[float], profile: Op
     """Arm (or re-arm) the lease from now, and start the daemon."""
     import profiles
 
-    from onbox.deadman import arm, paths_for
-    from onbox.deadmand import ensure_daemon
+    from onbox.deadman.daemon import ensure_daemon
+    from onbox.deadman.lease import arm, paths_for
     from onbox.runs import default_root
 
     if profile:
@@ -141,8 +141,8 @@ def _daemon_text(daemon: Dict[str, Any]) -> str:
 @_json_option
 def renew_command(ttl: Optional[float], by: str, as_json: bool) -> None:
     """Renew an armed lease from now (never arms one) and make sure the daemon runs."""
-    from onbox.deadman import paths_for, renew
-    from onbox.deadmand import ensure_daemon
+    from onbox.deadman.daemon import ensure_daemon
+    from onbox.deadman.lease import paths_for, renew
 
     paths = paths_for()
     read = renew(paths, now=time.time(), by=by, ttl_s=ttl)
@@ -161,9 +161,9 @@ def renew_command(ttl: Optional[float], by: str, as_json: bool) -> None:
 @_json_option
 def status_command(as_json: bool) -> None:
     """The lease, the daemon, the time left, the last records, and what it would do now and why."""
-    from onbox.deadman import collect_runs, decide, paths_for, read_events, read_lease
-    from onbox.deadmanclock import SYSTEM, seconds_left
-    from onbox.deadmand import daemon_pid, plan_action
+    from onbox.deadman.clock import SYSTEM, seconds_left
+    from onbox.deadman.daemon import daemon_pid, plan_action
+    from onbox.deadman.lease import collect_runs, decide, paths_for, read_events, read_lease
 
     paths = paths_for()
     read = read_lease(paths)
@@ -200,7 +200,7 @@ def status_command(as_json: bool) -> None:
 @_json_option
 def disarm_command(by: str, as_json: bool) -> None:
     """Disarm the lease: the daemon stops and nothing will be done."""
-    from onbox.deadman import disarm, paths_for
+    from onbox.deadman.lease import disarm, paths_for
 
     read = disarm(paths_for(), now=time.time(), by=by)
     doc = read.lease.to_doc() if read.lease is not None else None
@@ -219,7 +219,7 @@ def authorize_command(action: str, instance_id: str, by: str, as_json: bool) -> 
     a verified pull (the controller's teardown gate)."""
     import profiles
 
-    from onbox.deadman import DeadmanError, authorize, paths_for, read_lease
+    from onbox.deadman.lease import DeadmanError, authorize, paths_for, read_lease
 
     paths = paths_for()
     read = read_lease(paths)
@@ -244,8 +244,8 @@ def run_command(foreground: bool, as_json: bool) -> None:
     daemon holds ~/.rgt/deadman.lock."""
     import logging
 
-    from onbox.deadman import paths_for
-    from onbox.deadmand import run_foreground, start_detached
+    from onbox.deadman.daemon import run_foreground, start_detached
+    from onbox.deadman.lease import paths_for
 
     paths = paths_for()
     if foreground:
@@ -264,7 +264,7 @@ def run_command(foreground: bool, as_json: bool) -> None:
 @_json_option
 def events_command(since: int, as_json: bool) -> None:
     """The dead-man's own log (~/.rgt/deadman.events.jsonl)."""
-    from onbox.deadman import paths_for, read_events
+    from onbox.deadman.lease import paths_for, read_events
 
     records = read_events(paths_for(), since)
     last = records[-1]["seq"] if records else since

@@ -42,8 +42,9 @@ import profiles
 from protocol import PACKAGE_VERSION
 from protocol.ids import new_run_id
 
-from onbox import deadman, deadmand, resumeimport
+from onbox import resumeimport
 from onbox.custody import manifest
+from onbox.deadman import daemon, lease
 from onbox.fingerprint import write_fingerprint
 from onbox.launchenv import (
     Interpreter,
@@ -119,7 +120,7 @@ class LaunchOptions:
     sidecar_linger_s: float = 300.0
     serve_args: Sequence[str] = ()         # extra `rgt-onbox serve` options (tests: --heartbeat 1)
     watch: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # run.json "watch" (settings.py)
-    # The box's dead-man lease (onbox/deadman.py): armed for this TTL by the launch, None leaves it
+    # The box's dead-man lease (onbox/deadman/lease.py): armed for this TTL by the launch, None leaves it
     # as it is (the CLI's default is 2 h; a library caller opts in).
     deadman_ttl_s: Optional[float] = None
     deadman_idle_s: float = 30 * 60.0
@@ -459,15 +460,15 @@ def _arm_deadman(opts: LaunchOptions, plan: _Plan, environ: Mapping[str, str], p
     if opts.deadman_ttl_s is None:
         return []
     root = str(plan.paths.run_dir.parent.parent.parent)
-    paths = deadman.paths_for(environ)
+    paths = lease.paths_for(environ)
     try:
-        deadman.arm(paths, ttl_s=opts.deadman_ttl_s, idle_s=opts.deadman_idle_s,
+        lease.arm(paths, ttl_s=opts.deadman_ttl_s, idle_s=opts.deadman_idle_s,
                     max_hours=opts.deadman_max_hours, profile=opts.profile, root=root, by="launch",
                     now=time.time(), environ=environ)
-    except (OSError, deadman.DeadmanError) as e:
+    except (OSError, lease.DeadmanError) as e:
         return [f"the dead-man lease could not be armed: {e}"]
-    daemon = deadmand.ensure_daemon(paths, environ, python)
-    return [] if daemon["running"] else [f"the dead-man daemon is not running: {daemon['reason']}"]
+    state = daemon.ensure_daemon(paths, environ, python)
+    return [] if state["running"] else [f"the dead-man daemon is not running: {state['reason']}"]
 
 
 # ---- the whole launch ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from rgtlib import lockfile
 from onbox.custody.monitor import CustodyMonitor
 from onbox.custody.preempt import PreemptWatch
 from onbox.custody.pullmanifest import MANIFEST_REL, ManifestError, build_manifest, save_manifest
-from onbox.deadmanfeed import DeadmanFeed
+from onbox.deadman.feed import DeadmanFeed
 from onbox.errors import AlreadyServing, ConfigError
 from onbox.fsutil import write_json_atomic
 from onbox.jobs import FunctionJob, PeriodicJob, Scheduler

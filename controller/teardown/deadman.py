@@ -11,7 +11,7 @@ always allowed: they only make the dead-man less eager. Authorizing a destructiv
 needs the teardown gate (controller/teardown/gate.py) OPEN for every run this controller launched on the
 host, and the host's name typed, because once authorized the box may run the action with nobody
 watching. The box itself re-checks that no checkpoint appeared after the authorization before it
-acts (onbox/deadman.py).
+acts (onbox/deadman/lease.py).
 """
 from __future__ import annotations
 

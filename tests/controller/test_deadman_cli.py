@@ -14,7 +14,8 @@ import pytest
 from controller.store.db import Store
 from controller.teardown import deadman as ctl
 from controller.teardown import gate as teardown
-from onbox import deadman, deadmand
+from onbox.deadman import daemon
+from onbox.deadman import lease as deadman
 from onbox.runs import wait_for
 from protocol import Event
 from tests.helpers import REPO, rgt_cmd
@@ -31,12 +32,12 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     try:
         yield where
     finally:
-        pid = deadmand.daemon_pid(paths)
+        pid = daemon.daemon_pid(paths)
         if pid is not None:
             deadman.disarm(paths, now=0.0, environ={"HOME": str(where)})
-            if not wait_for(lambda: deadmand.daemon_pid(paths) is None, 15.0):
+            if not wait_for(lambda: daemon.daemon_pid(paths) is None, 15.0):
                 os.kill(pid, signal.SIGTERM)
-                wait_for(lambda: deadmand.daemon_pid(paths) is None, 10.0)
+                wait_for(lambda: daemon.daemon_pid(paths) is None, 10.0)
 
 
 def rgt(*args: str) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,8 @@ from typing import Any, Dict, Iterator, List
 import pytest
 
 from controller.follow.watcher import stop_watcher
-from onbox import deadman, deadmand
+from onbox.deadman import daemon
+from onbox.deadman import lease as deadman
 from onbox.runs import wait_for
 from tests.e2e.rgtbox import ONBOX, TEST_ONBOX_ARGS, TRAIN, Rgt
 from tests.helpers import wait_until
@@ -78,10 +79,10 @@ def box(sshbox: SshBox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     finally:
         try:
             r("deadman", "box", "disarm", "--json", check=False)
-            pid = deadmand.daemon_pid(paths)
-            if pid is not None and not wait_for(lambda: deadmand.daemon_pid(paths) is None, 15.0):
+            pid = daemon.daemon_pid(paths)
+            if pid is not None and not wait_for(lambda: daemon.daemon_pid(paths) is None, 15.0):
                 os.kill(pid, signal.SIGTERM)  # the daemon this test's launch started, by its pid
-                wait_for(lambda: deadmand.daemon_pid(paths) is None, 10.0)
+                wait_for(lambda: daemon.daemon_pid(paths) is None, 10.0)
         finally:
             r.end()
 
@@ -117,7 +118,7 @@ def test_renewals_through_the_tunnel_hold_it_off_then_it_fires_once_when_they_st
     # has been carried past its first expiry by the controller, and nothing fired.
     wait_until(lambda: lease(paths)["renewed_at"] - armed_at >= 1.5 * LEASE_REAL_S
                and lease(paths)["renewed_by"] == "controller", 60, "the controller to keep renewing")
-    assert deadmand.daemon_pid(paths) is not None
+    assert daemon.daemon_pid(paths) is not None
     assert not record.exists()
     assert not [x for x in box_records(paths) if x["kind"] in ("deadman.firing", "deadman.fired")]
 

@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterator, List, Set, Tuple
 
 import pytest
 
-from onbox import deadman, deadmand
+from onbox.deadman import daemon, lease
 from onbox.runs import wait_for
 from tests.e2e.lives_box import (
     HOG,
@@ -362,17 +362,17 @@ def late_box(sshbox: SshBox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     r = Rgt(tmp_path, sshbox, monkeypatch)
     r.env.update({"RGT_DEADMAN_RENEW_S": f"{RENEW_S:g}", "RGT_PROFILES_DIR": str(profiles_dir)})
     r("hosts", "add", "box", "--ssh", sshbox.alias, "--onbox", ONBOX, "--profile", "testcloud")
-    paths = deadman.paths_for({"HOME": str(sshbox.home)})
+    paths = lease.paths_for({"HOME": str(sshbox.home)})
     try:
         yield {"rgt": r, "paths": paths}
     finally:
         try:
             stop_all_watchers(r)
             r("deadman", "box", "disarm", "--json", check=False)
-            pid = deadmand.daemon_pid(paths)
-            if pid is not None and not wait_for(lambda: deadmand.daemon_pid(paths) is None, 15.0):
+            pid = daemon.daemon_pid(paths)
+            if pid is not None and not wait_for(lambda: daemon.daemon_pid(paths) is None, 15.0):
                 os.kill(pid, signal.SIGTERM)  # the daemon this test's launch started, by its pid
-                wait_for(lambda: deadmand.daemon_pid(paths) is None, 10.0)
+                wait_for(lambda: daemon.daemon_pid(paths) is None, 10.0)
         finally:
             r.end()
 

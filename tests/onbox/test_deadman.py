@@ -16,7 +16,10 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from onbox.custody import manifest
-from onbox.deadman import (
+from onbox.deadman.clock import Clocks, Timebase
+from onbox.deadman.daemon import Daemon, plan_action
+from onbox.deadman.feed import DeadmanFeed
+from onbox.deadman.lease import (
     DEFAULT_TTL_S,
     DeadmanError,
     Lease,
@@ -31,9 +34,6 @@ from onbox.deadman import (
     read_lease,
     renew,
 )
-from onbox.deadmanclock import Clocks, Timebase
-from onbox.deadmand import Daemon, plan_action
-from onbox.deadmanfeed import DeadmanFeed
 from onbox.runs import ProcRef
 from tests.helpers import REPO, Recorder
 

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onbox.deadman import arm, read_events, read_lease
-from onbox.deadmanclock import SYSTEM, LeaseTimer, Timebase
-from onbox.deadmand import Daemon, ensure_daemon
+from onbox.deadman.clock import SYSTEM, LeaseTimer, Timebase
+from onbox.deadman.daemon import Daemon, ensure_daemon
+from onbox.deadman.lease import arm, read_events, read_lease
 from tests.helpers import REPO, wait_until
 from tests.onbox.test_deadman import B0, HOUR, T0, Box
 from tests.onbox.test_deadman_daemon import Daemons, daemons, env_of  # noqa: F401 (a fixture)
@@ -116,7 +116,7 @@ def test_a_renewal_written_by_another_process_is_read_on_the_boot_clock(box: Box
     lease = read_lease(box.paths, box.environ).lease
     assert lease is not None
     first = timer.anchors(lease, SYSTEM.boot()).lease_start
-    code = ("import sys, time; from onbox.deadman import paths_for, renew; "
+    code = ("import sys, time; from onbox.deadman.lease import paths_for, renew; "
             "renew(paths_for(), now=time.time() - 3 * 3600, by='controller')")
     before = SYSTEM.boot()
     subprocess.run([sys.executable, "-c", code], env={**env_of(box), "PYTHONPATH": str(REPO)}, check=True,
@@ -226,7 +226,7 @@ def test_a_run_first_seen_counts_as_active_now(box: Box) -> None:
 
 
 def test_an_authorization_is_void_for_a_checkpoint_recorded_after_it_whatever_its_time(box: Box) -> None:
-    from onbox.deadman import authorize
+    from onbox.deadman.lease import authorize
     from tests.onbox.test_deadman import _checkpoint
 
     box.lambda_copy()

@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from onbox.cli import main as onbox_main
-from onbox.deadman import DeadmanPaths, arm, disarm, read_events, read_lease
-from onbox.deadmand import daemon_pid
+from onbox.deadman.daemon import daemon_pid
+from onbox.deadman.lease import DeadmanPaths, arm, disarm, read_events, read_lease
 from onbox.journal import read_all
 from onbox.launch import LaunchOptions, launch
 from onbox.runs import ProcRef, read_json, run_status, wait_for

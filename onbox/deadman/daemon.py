@@ -1,11 +1,11 @@
 """The dead-man daemon: one small process per box that acts when nobody renews the lease.
 
-    python -m onbox.deadmand [--foreground]      (also `rgt-onbox deadman run`)
+    python -m onbox.deadman.daemon [--foreground]      (also `rgt-onbox deadman run`)
 
 It takes an flock on ~/.rgt/deadman.lock (a second daemon finds it held and exits 0 at once),
 writes ~/.rgt/deadman.pid, and every tick reads the lease and the runs under its roots and asks
-`onbox.deadman.decide` what to do, judged on the boot clock and on file changes it saw itself, never
-on the wall clock (onbox/deadmanclock.py): say a warning (deadman.expiring, 30 then 5 minutes before
+`onbox.deadman.lease.decide` what to do, judged on the boot clock and on file changes it saw itself, never
+on the wall clock (onbox/deadman/clock.py): say a warning (deadman.expiring, 30 then 5 minutes before
 an end) or that it holds (deadman.held), each once per lease period, or fire. It ends when the lease is
 disarmed, gone or fired. Launches, `deadman renew` and every sidecar start it again while the lease
 is armed (`ensure_daemon`), so a killed daemon comes back.
@@ -45,7 +45,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 import profiles
 from rgtlib import lockfile
 
-from onbox.deadman import (
+from onbox.deadman.clock import Activity, LeaseTimer, Timebase, newer_checkpoints
+from onbox.deadman.lease import (
     NOTIFY,
     DeadmanPaths,
     Decision,
@@ -61,7 +62,6 @@ from onbox.deadman import (
     read_lease,
     update_lease,
 )
-from onbox.deadmanclock import Activity, LeaseTimer, Timebase, newer_checkpoints
 from onbox.fsutil import write_atomic
 from onbox.redact import is_secret_name, redact_text
 from onbox.runs import ProcRef, read_json, write_json_atomic
@@ -419,7 +419,7 @@ def _spawn_env(environ: Mapping[str, str]) -> Dict[str, str]:
 
 def ensure_daemon(paths: DeadmanPaths, environ: Optional[Mapping[str, str]] = None,
                   python: str = sys.executable) -> Dict[str, Any]:
-    """Start the daemon (detached, through `python -m onbox.deadmand`) when the lease wants one and
+    """Start the daemon (detached, through `python -m onbox.deadman.daemon`) when the lease wants one and
     none runs. Returns {"running", "pid", "started", "reason"}; never raises for a failed start."""
     env = dict(os.environ if environ is None else environ)
     read = read_lease(paths, env)
@@ -429,7 +429,7 @@ def ensure_daemon(paths: DeadmanPaths, environ: Optional[Mapping[str, str]] = No
     if pid is not None:
         return {"running": True, "pid": pid, "started": False, "reason": "already running"}
     try:
-        done = subprocess.run([python, "-m", "onbox.deadmand"], env=_spawn_env(env), cwd=str(paths.dir),
+        done = subprocess.run([python, "-m", "onbox.deadman.daemon"], env=_spawn_env(env), cwd=str(paths.dir),
                               stdin=subprocess.DEVNULL, capture_output=True, timeout=SPAWN_TIMEOUT_S,
                               check=False)
         answer = json.loads(done.stdout.decode(errors="replace").strip().splitlines()[-1])
@@ -535,8 +535,8 @@ def _hear(fd: int, pid: int) -> Dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m onbox.deadmand",
-                                     description="The box's dead-man daemon (see onbox/deadmand.py).")
+    parser = argparse.ArgumentParser(prog="python -m onbox.deadman.daemon",
+                                     description="The box's dead-man daemon (see onbox/deadman/daemon.py).")
     parser.add_argument("--foreground", action="store_true", help="Run in this process, logging to stderr.")
     args = parser.parse_args(argv)
     paths = paths_for()

@@ -7,7 +7,7 @@ which counts suspend; CLOCK_MONOTONIC where the platform lacks it) and every sig
 change the daemon saw with its own eyes. Unix seconds stay in the lease, the records and the Renew
 reply, for people; they never fire anything.
 
-The lease (onbox/deadman.py) carries boot-time stamps of its own: `renewed_boottime` (when it was
+The lease (onbox/deadman/lease.py) carries boot-time stamps of its own: `renewed_boottime` (when it was
 armed or renewed), `budget_boottime` (when its hard budget started) and `boot_id`, the boot they were
 taken in (/proc/sys/kernel/random/boot_id, "+monotonic" appended when the fallback clock took them).
 Whoever writes the lease stamps it, so a renewal by another process (a sidecar answering the
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Mapping
 from onbox.custody import manifest
 
 if TYPE_CHECKING:
-    from onbox.deadman import Lease
+    from onbox.deadman.lease import Lease
 
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 Signature = Tuple[int, int, int]      # (mtime_ns, size, inode)

@@ -6,7 +6,7 @@ One lease per box, in the home directory of the user who runs the jobs:
                                  read-modify-write under ~/.rgt/deadman.update.lock)
     ~/.rgt/deadman.events.jsonl  the dead-man's own log: one fsync'd JSON line per record
                                  {"seq", "ts", "kind", "sev", "data"}; sidecars relay it
-    ~/.rgt/deadman.lock          held (flock) by the one running daemon (onbox/deadmand.py)
+    ~/.rgt/deadman.lock          held (flock) by the one running daemon (onbox/deadman/daemon.py)
     ~/.rgt/deadman.pid           that daemon's pid and start time
     ~/.rgt/DEADMAN_FIRED.txt     what happened, for a person who logs in after it fired
 
@@ -16,7 +16,7 @@ launches), "profile", "authorized" (null or {"action", "instance_id", "at", "by"
 custody record count of each run then}), "fired" (null or {"at", "boottime", "action", "argv",
 "state": firing | done | failed, "exit_code"}), "renewed_boottime", "budget_boottime", "boot_id"}.
 The times without "boottime" are unix seconds, for people; the boot-time stamps and the boot they
-belong to are what the daemon judges by (onbox/deadmanclock.py: a wall-clock step either way never
+belong to are what the daemon judges by (onbox/deadman/clock.py: a wall-clock step either way never
 fires it). A file that cannot be read is reported and read the safest way (`read_lease`): armed,
 the default TTL (counted from when the daemon first saw it), no profile (so the action is notify),
 nothing authorized, and a malformed "fired" counts as fired. Nothing here raises for a bad file.
@@ -45,8 +45,8 @@ from profiles import NOTIFY
 from protocol.kinds import default_sev
 from rgtlib import lockfile
 
-from onbox import deadmanclock as clock
-from onbox.deadmanclock import SYSTEM, Activity, Anchors, Clocks
+from onbox.deadman import clock
+from onbox.deadman.clock import SYSTEM, Activity, Anchors, Clocks
 from onbox.fsutil import write_atomic
 from onbox.runs import default_root, list_runs, read_json
 
@@ -129,7 +129,7 @@ class Lease:
     profile: Optional[str] = None
     authorized: Optional[Dict[str, Any]] = None
     fired: Optional[Dict[str, Any]] = None
-    renewed_boottime: Optional[float] = None   # onbox/deadmanclock.py: what the daemon judges by
+    renewed_boottime: Optional[float] = None   # onbox/deadman/clock.py: what the daemon judges by
     budget_boottime: Optional[float] = None
     boot_id: Optional[str] = None
 

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from onbox.deadman import DeadmanPaths, iter_records, paths_for, read_lease, renew
-from onbox.deadmand import ensure_daemon, wanted
+from onbox.deadman.daemon import ensure_daemon, wanted
+from onbox.deadman.lease import DeadmanPaths, iter_records, paths_for, read_lease, renew
 from onbox.fsutil import write_json_atomic
 from onbox.jobs import FunctionJob, PeriodicJob
 from onbox.runs import read_json
