@@ -196,10 +196,10 @@ def box_groups(rig: BoxRig) -> Groups:
         line = " ".join(proc.info["cmdline"] or [])
         if not any(d in line for d in dirs):
             continue
-        if "onbox.supervise job" in line:
+        if "onbox.launch.supervise job" in line:
             groups["job wrappers"].append(proc.pid)
             groups["jobs"] += [c.pid for c in proc.children(recursive=True)]
-        elif "onbox.supervise sidecar" in line or "onbox.cli serve" in line:
+        elif "onbox.launch.supervise sidecar" in line or "onbox.cli serve" in line:
             groups["sidecars"].append(proc.pid)
     if rig.box.proc is not None:
         groups["sshd sessions"] = [p.pid for p in psutil.Process(rig.box.proc.pid).children(recursive=True)]

@@ -106,7 +106,7 @@ def launch_answer(obj: Mapping[str, Any], asked: str) -> Dict[str, Any]:
     answer = dict(obj)
     node = obj.get("node")
     if node is not None and obj.get("group") == asked:
-        # One node of a multi-node run (onbox/nodes.py): its stream is `<run>.<node>`.
+        # One node of a multi-node run (onbox/launch/nodes.py): its stream is `<run>.<node>`.
         answer["run_id"] = expect_run(obj.get("run_id"), f"{asked}.{run_id(node, 'node name')}",
                                       "the box's launch")
     else:

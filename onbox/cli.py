@@ -272,7 +272,7 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
     """
     from rgtlib.units import parse_duration, parse_size
 
-    from onbox.launch import LaunchOptions, run_launch
+    from onbox.launch.launcher import LaunchOptions, run_launch
 
 
     try:
@@ -346,7 +346,7 @@ def ps(root: Optional[Path], only: Optional[str], as_json: bool) -> None:
     where = root or default_root()
     if only is None:
         statuses = list_runs(where)
-    else:  # a node stream's run.json names its group (onbox/nodes.py)
+    else:  # a node stream's run.json names its group (onbox/launch/nodes.py)
         statuses = [run_status(d) for d in run_dirs(where)
                     if d.name == only or (read_json(d / "run.json") or {}).get("group") == only]
     render_ps(statuses, where, as_json, sys.stdout)

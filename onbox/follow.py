@@ -4,7 +4,7 @@ The case is a Kubernetes pod: the training container's command is `rgt-onbox lau
 --no-sidecar ...`, and a second container, which mounts the same run volume and shares the pod's
 process namespace (`shareProcessNamespace: true`, so the job wrapper's pid means the same thing
 in both), runs `rgt-onbox follow RUN_DIR`. Follow waits for the launcher's rgt/job.json, then runs
-in the foreground the supervisor a plain `rgt-onbox launch` starts detached (onbox/supervise.py
+in the foreground the supervisor a plain `rgt-onbox launch` starts detached (onbox/launch/supervise.py
 Supervisor: it keeps one `rgt-onbox serve --pid WRAPPER` alive, restarts it when it dies, and ends
 `linger_s` after the job's exit was journaled), so the container ends together with the job.
 
@@ -16,7 +16,7 @@ launcher retires it and writes the new one.
 
 `--node NAME|auto` follows one node of a multi-node run: RUN_DIR names the logical run
 (`<root>/<project>/active/<run>`) and the followed directory is its node stream `<run>.<node>`,
-worked out the way `rgt-onbox launch --node` does (onbox/nodes.py: JOB_COMPLETION_INDEX in an
+worked out the way `rgt-onbox launch --node` does (onbox/launch/nodes.py: JOB_COMPLETION_INDEX in an
 Indexed Job).
 
 Signals: the first SIGTERM/SIGINT before a job appeared ends follow at once; once a job is followed
@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from onbox.errors import OnboxError
-from onbox.nodes import NodeError, identify, stream_id
+from onbox.launch.nodes import NodeError, identify, stream_id
+from onbox.launch.supervise import Supervisor
 from onbox.runs import JobRecord, RunPaths, read_json
-from onbox.supervise import Supervisor
 
 log = logging.getLogger(__name__)
 

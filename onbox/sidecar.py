@@ -44,8 +44,8 @@ from onbox.errors import AlreadyServing, ConfigError
 from onbox.fsutil import write_json_atomic
 from onbox.jobs import FunctionJob, PeriodicJob, Scheduler
 from onbox.journal import Journal
+from onbox.launch.settings import custody_config, load_watch, training_config
 from onbox.monitor import HealthMonitor, MonitorConfig
-from onbox.settings import custody_config, load_watch, training_config
 from onbox.sources import process
 from onbox.stacks import StackCapture, StallStacks
 from onbox.training import TrainingMonitor

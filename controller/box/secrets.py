@@ -1,7 +1,7 @@
 """Secrets on a box: `rgt secret push|list|rm HOST ...` (never in a command line, event, log or run.json).
 
 A secret lives on the box as ~/.rgt/secrets/NAME (mode 0600, directory 0700), where
-`rgt-onbox launch` finds it and exports it to the job as the variable NAME (onbox/secrets.py).
+`rgt-onbox launch` finds it and exports it to the job as the variable NAME (onbox/launch/secrets.py).
 The value travels only on ssh's stdin: every command line built here holds names and lengths,
 never a value, and nothing here logs, stores or prints one. A push is atomic: the value goes to
 a temporary file in the same directory, its length is checked, then it is renamed over NAME.

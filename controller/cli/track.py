@@ -3,7 +3,7 @@
 sbatch, a Kubernetes pod or SkyPilot starts the job through `rgt-onbox launch` on the box, so rgt
 never saw it launch. `rgt track` asks the box which runs it holds (`rgt-onbox ps --run RUN`),
 records them in the store with the host and directory, and starts a watcher for each. A plain
-run is one stream; a multi-node run (`--node`, onbox/nodes.py) is one stream per node, RUN.NODE,
+run is one stream; a multi-node run (`--node`, onbox/launch/nodes.py) is one stream per node, RUN.NODE,
 tied to a row for the group itself (controller.runs.groups). Tracking again picks up the nodes that
 appeared since and leaves the rest as they are.
 """

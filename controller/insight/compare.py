@@ -4,7 +4,7 @@
 
 The runs' facts come from controller/insight/runfacts.py: run.json (command, git, environment names,
 profile), rgt/fingerprint.json (config files, seed and determinism settings, packages, GPU; written
-by onbox/fingerprint.py at launch) and rgt/preflight.json. Every difference found is a row
+by onbox/launch/fingerprint.py at launch) and rgt/preflight.json. Every difference found is a row
 (section, name, A's value, B's value) and names the *variable* it belongs to: one thing a person
 changed. A flag (`--lr`), a config key (`--config:optim.lr`), the commit, uncommitted changes,
 one package, the Python version, the profile, the GPU type or driver, an environment variable the
@@ -72,7 +72,7 @@ class Difference:
 
 def name_kind(name: str) -> Optional[str]:
     """"seed" (--seed, trainer.seed, PYTHONHASHSEED), "determinism" (--deterministic,
-    CUBLAS_WORKSPACE_CONFIG), else None. The same rules as onbox/fingerprint.py."""
+    CUBLAS_WORKSPACE_CONFIG), else None. The same rules as onbox/launch/fingerprint.py."""
     words = [w for w in re.split(r"[-_.+~]+", name.strip("-+~").lower()) if w]
     if not words:
         return None

@@ -1,7 +1,7 @@
 """Multi-node runs: one logical run, one stream per node, and the verdicts only the group can give.
 
 `rgt-onbox launch --run-id RUN --node NODE` starts one sidecar per node, each with its own
-journal: the stream RUN.NODE (onbox/nodes.py). `rgt track HOST RUN` records each stream as a run
+journal: the stream RUN.NODE (onbox/launch/nodes.py). `rgt track HOST RUN` records each stream as a run
 of the store tied to RUN (group_run=RUN, node=NODE), and RUN itself as a row whose group_run is
 its own id. That row has no sidecar, no host and no events from a box (no watcher starts for it,
 and commands that need a box find none): it holds the controller's verdicts about the whole
@@ -46,7 +46,7 @@ PROGRESS_LOOKBACK = 5000     # seqs before a stall searched for the node's last 
 SCOPE = "all nodes"
 # Event kinds after which a node stream's watcher checks its group at once.
 TRIGGERS = ("job.", "sidecar.stopping")
-_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")   # onbox/nodes.py's rule for node names
+_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")   # onbox/launch/nodes.py's rule for node names
 
 
 # ---- membership ---------------------------------------------------------------------

@@ -63,9 +63,9 @@ from onbox.deadman.lease import (
     update_lease,
 )
 from onbox.fsutil import write_atomic
-from onbox.redact import is_secret_name, redact_text
+from onbox.launch.redact import is_secret_name, redact_text
+from onbox.launch.secrets import read_secrets
 from onbox.runs import ProcRef, read_json, write_json_atomic
-from onbox.secrets import read_secrets
 
 log = logging.getLogger(__name__)
 

@@ -106,7 +106,7 @@ class DeadmanPaths:
 
 
 def paths_for(environ: Optional[Mapping[str, str]] = None) -> DeadmanPaths:
-    """$HOME/.rgt (HOME from `environ`), like the box's secrets (onbox/secrets.py)."""
+    """$HOME/.rgt (HOME from `environ`), like the box's secrets (onbox/launch/secrets.py)."""
     env = os.environ if environ is None else environ
     home = env.get("HOME") or os.path.expanduser("~")
     return DeadmanPaths(Path(home) / ".rgt")

@@ -74,10 +74,10 @@ def _is_python(p: Any) -> bool:
 
 
 def is_wrapper(pid: int, proc: str = "/proc") -> bool:
-    """True when `pid` is rgt's job wrapper (python -m onbox.supervise job)."""
+    """True when `pid` is rgt's job wrapper (python -m onbox.launch.supervise job)."""
     try:
         with open(os.path.join(proc, str(pid), "cmdline"), "rb") as f:
-            return b"onbox.supervise" in f.read(4096)
+            return b"onbox.launch.supervise" in f.read(4096)
     except OSError:
         return False
 

@@ -1,6 +1,6 @@
 """`rgt compare` over run directories built the way the launcher builds them: run.json as
-onbox/launch.py writes it, rgt/fingerprint.json from onbox.fingerprint over real config files and
-the real interpreter, metrics.jsonl written line by line."""
+onbox/launch/launcher.py writes it, rgt/fingerprint.json from onbox.launch.fingerprint over real
+config files and the real interpreter, metrics.jsonl written line by line."""
 from __future__ import annotations
 
 import json
@@ -18,7 +18,7 @@ from controller.cli.compare import compare_command
 from controller.insight.compare import command_items, compare
 from controller.insight.runfacts import load_dir, load_remote, parse_metrics, read_flat_yaml
 from controller.store.db import Store
-from onbox.fingerprint import write_fingerprint
+from onbox.launch.fingerprint import write_fingerprint
 from tests.sshbox import SshBox, sshbox  # noqa: F401  (the fixture)
 
 BASE_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "LANG": "C.UTF-8"}

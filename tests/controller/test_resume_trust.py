@@ -29,7 +29,7 @@ from controller.resume import command as resume_command
 from controller.resume import plan as resume
 from controller.resume.plan import Options, ResumeError
 from controller.store.db import Store
-from onbox.redact import redact_argv
+from onbox.launch.redact import redact_argv
 from protocol import PACKAGE_VERSION
 from tests.controller.test_resume import RUN, Old, store
 

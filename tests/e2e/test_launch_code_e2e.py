@@ -17,7 +17,7 @@ from typing import List
 import pytest
 
 from controller.box import codesync
-from onbox.launchenv import InterpreterMissing, choose_interpreter
+from onbox.launch.env import InterpreterMissing, choose_interpreter
 from onbox.runs import read_json, wait_for
 from tests.e2e.rgtbox import TEST_ONBOX_ARGS, Rgt
 

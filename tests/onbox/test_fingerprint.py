@@ -1,4 +1,5 @@
-"""onbox.fingerprint over real files and real interpreters: what a run was made of, for `rgt compare`."""
+"""onbox.launch.fingerprint over real files and real interpreters: what a run was made of, for
+`rgt compare`."""
 from __future__ import annotations
 
 import hashlib
@@ -13,8 +14,8 @@ from typing import Dict, List
 
 import pytest
 
-from onbox import fingerprint
-from onbox.fingerprint import (
+from onbox.launch import fingerprint
+from onbox.launch.fingerprint import (
     MAX_TEXT_BYTES,
     build_fingerprint,
     find_configs,

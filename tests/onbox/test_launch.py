@@ -25,7 +25,7 @@ import pytest
 from onbox.custody import manifest
 from onbox.health import run_health
 from onbox.journal import read_all
-from onbox.launch import (
+from onbox.launch.launcher import (
     EXIT_REFUSED,
     LaunchError,
     LaunchOptions,
@@ -35,8 +35,8 @@ from onbox.launch import (
     launch,
     run_launch,
 )
+from onbox.launch.supervise import BACKOFF_CAP_S, Supervisor
 from onbox.runs import ProcRef, read_json, run_status, stop_run
-from onbox.supervise import BACKOFF_CAP_S, Supervisor
 from tests.helpers import REPO, end_box_side, wait_until
 
 MIB = 1 << 20
@@ -240,7 +240,7 @@ def test_job_environment_session_and_unbuffered_log(rig: Rig) -> None:
 
 
 def test_a_command_that_cannot_start_is_reported(rig: Rig) -> None:
-    # a missing program is named before anything starts (onbox/launchenv.py), its arguments never shown
+    # a missing program is named before anything starts (onbox/launch/env.py), its arguments never shown
     with pytest.raises(LaunchUsageError, match=r"^/no/such/program not found on \S+$") as e:
         rig.launch(["/no/such/program", "--token=abc12345"], run_id="missing")
     assert "abc12345" not in str(e.value) and not (rig.root / "p" / "active" / "missing").exists()

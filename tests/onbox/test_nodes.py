@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from onbox.launch import LaunchUsageError
-from onbox.nodes import NodeError, identify, stream_id
+from onbox.launch.launcher import LaunchUsageError
+from onbox.launch.nodes import NodeError, identify, stream_id
 from onbox.runs import read_json
 from tests.helpers import wait_until
 from tests.onbox.test_launch import Rig, py

@@ -79,7 +79,8 @@ def test_a_job_oom_killed_in_its_own_v1_cgroup_is_reported_with_the_limit(tmp_pa
     (tmp_path / "leak.py").write_text(LEAK)
     spec = {"argv": [sys.executable, str(tmp_path / "leak.py"), str(go)], "cwd": str(tmp_path),
             "env": {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, "run_id": "oom", "attempt": 1}
-    wrapper = subprocess.Popen([sys.executable, "-m", "onbox.supervise", "job", "--run-dir", str(run_dir)],
+    wrapper = subprocess.Popen([sys.executable, "-m", "onbox.launch.supervise", "job",
+                                "--run-dir", str(run_dir)],
                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rec = Recorder()
     mon = HealthMonitor(MonitorConfig(run_dir=run_dir, job_pid=wrapper.pid, gpu="none", kmsg=True), rec)

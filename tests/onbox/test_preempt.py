@@ -116,7 +116,7 @@ def test_wait_passes_sigterm_on_and_the_run_records_a_preemption(rig: Rig) -> No
 
 
 def test_a_stop_before_the_wrappers_pid_is_known_reaches_it_once_known() -> None:
-    from onbox.launchwait import Forwarder
+    from onbox.launch.wait import Forwarder
 
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from onbox.redact import (
+from onbox.launch.redact import (
     MASK,
     contains_secret,
     is_secret_name,

@@ -3,7 +3,7 @@ a run as one unit.
 
 The digest is checked against an independent computation here (sha256 of each file, the sorted
 "relpath\\0size\\0sha256\\n" lines), so a change of the rule on one side only fails. The unit tests
-drive onbox.resumeimport directly on real directories; the launch tests go through the real
+drive onbox.launch.resume directly on real directories; the launch tests go through the real
 launcher, wrapper and sidecar, and one resumes a real transformers.Trainer job from a real
 checkpoint-10 made by tests/frameworks/hf_tiny.py.
 """
@@ -20,10 +20,10 @@ from typing import Dict, Iterator, List
 
 import pytest
 
-from onbox import resumeimport
 from onbox.custody import manifest
-from onbox.launch import EXIT_REFUSED, run_launch
-from onbox.launchgates import LaunchRefused, LaunchUsageError
+from onbox.launch import resume
+from onbox.launch.gates import LaunchRefused, LaunchUsageError
+from onbox.launch.launcher import EXIT_REFUSED, run_launch
 from tests.helpers import REPO, wait_until
 from tests.onbox.test_launch import Rig, log_line, py
 from tests.onbox.test_launch_resume import SHOW
@@ -56,8 +56,8 @@ def hf_dir(where: Path, files: Dict[str, bytes] = HF_FILES) -> Path:
     return where
 
 
-def request(source: Path, sha: str, step: int = 40) -> resumeimport.Request:
-    req = resumeimport.requested(source, sha, step, "old-run")
+def request(source: Path, sha: str, step: int = 40) -> resume.Request:
+    req = resume.requested(source, sha, step, "old-run")
     assert req is not None
     return req
 
@@ -66,7 +66,7 @@ def listing(path: Path) -> List[str]:
     return sorted(p.relative_to(path).as_posix() for p in path.rglob("*")) if path.exists() else []
 
 
-# ---- onbox.resumeimport on real directories -------------------------------------------------------
+# ---- onbox.launch.resume on real directories -------------------------------------------------------
 
 
 def test_a_directory_from_elsewhere_is_copied_in_whole_and_recorded_as_one_unit(tmp_path: Path) -> None:
@@ -77,7 +77,7 @@ def test_a_directory_from_elsewhere_is_copied_in_whole_and_recorded_as_one_unit(
     run_dir, ckpt_dir = tmp_path / "run", tmp_path / "run" / "checkpoints"
     req = request(source, sha.upper(), step=40)
     assert req.kind == manifest.DIR
-    taken = resumeimport.take(run_dir, ckpt_dir, req, clock=lambda: 1000.0)
+    taken = resume.take(run_dir, ckpt_dir, req, clock=lambda: 1000.0)
 
     inside = ckpt_dir / "checkpoint-40"
     assert (taken.path, taken.copied, taken.kind, taken.files, taken.sha256) == (inside, True, "dir", 8, sha)
@@ -96,19 +96,19 @@ def test_a_directory_from_elsewhere_is_copied_in_whole_and_recorded_as_one_unit(
     assert rec.matches(run_dir) and manifest.newest_good(run_dir) == inside
     assert taken.record()["kind"] == "dir" and taken.record()["files"] == 8
 
-    again = resumeimport.take(run_dir, ckpt_dir, request(source, sha), clock=lambda: 2000.0)
+    again = resume.take(run_dir, ckpt_dir, request(source, sha), clock=lambda: 2000.0)
     assert (again.path, again.copied) == (inside, False) and len(manifest.read(run_dir)) == 1  # once
 
 
 def test_the_step_comes_from_the_name_else_from_trainer_state(tmp_path: Path) -> None:
     source = hf_dir(tmp_path / "far" / "best-model")
-    req = resumeimport.requested(source, digest_of(source), None, None)
+    req = resume.requested(source, digest_of(source), None, None)
     assert req is not None
-    taken = resumeimport.take(tmp_path / "run", tmp_path / "run" / "checkpoints", req)
+    taken = resume.take(tmp_path / "run", tmp_path / "run" / "checkpoints", req)
     assert taken.step == 40 and manifest.read(tmp_path / "run")[0].step == 40  # trainer_state's global_step
     named = hf_dir(tmp_path / "far" / "checkpoint-70")
-    req = resumeimport.requested(named, digest_of(named), None, None)
-    assert req is not None and resumeimport.take(tmp_path / "run", tmp_path / "run" / "checkpoints",
+    req = resume.requested(named, digest_of(named), None, None)
+    assert req is not None and resume.take(tmp_path / "run", tmp_path / "run" / "checkpoints",
                                                  req).step == 70
 
 
@@ -116,7 +116,7 @@ def test_a_directory_already_in_the_checkpoint_dir_is_hashed_in_place(tmp_path: 
     run_dir = tmp_path / "run"
     inside = hf_dir(run_dir / "checkpoints" / "checkpoint-40")
     sha = digest_of(inside)
-    taken = resumeimport.take(run_dir, run_dir / "checkpoints", request(inside, sha))
+    taken = resume.take(run_dir, run_dir / "checkpoints", request(inside, sha))
     assert (taken.path, taken.copied) == (inside, False)
     assert [(r.kind, r.path) for r in manifest.read(run_dir)] == [("dir", "checkpoints/checkpoint-40")]
     assert manifest.newest_good(run_dir) == inside
@@ -129,7 +129,7 @@ def test_a_unit_digest_mismatch_is_refused_and_nothing_is_left(tmp_path: Path, w
     meant = digest_of(source)
     (source / "optimizer.pt").write_bytes(b"damaged in transit")
     with pytest.raises(LaunchRefused, match=f"has the unit digest {digest_of(source)}, not the {meant}"):
-        resumeimport.take(run_dir, run_dir / "checkpoints", request(source, meant))
+        resume.take(run_dir, run_dir / "checkpoints", request(source, meant))
     assert manifest.read(run_dir) == []
     left = listing(run_dir / "checkpoints")
     kept = ["checkpoint-40", *(f"checkpoint-40/{r}" for r in sorted([*HF_FILES, "sub"]))]
@@ -143,7 +143,7 @@ def test_a_file_missing_from_the_copy_is_a_mismatch(tmp_path: Path) -> None:
     meant = digest_of(source)
     (source / "rng_state.pth").unlink()
     with pytest.raises(LaunchRefused, match="not the"):
-        resumeimport.take(tmp_path / "run", tmp_path / "run" / "checkpoints", request(source, meant))
+        resume.take(tmp_path / "run", tmp_path / "run" / "checkpoints", request(source, meant))
     assert listing(tmp_path / "run" / "checkpoints") == []
 
 
@@ -152,7 +152,7 @@ def test_a_name_taken_by_another_directory_is_not_replaced(tmp_path: Path) -> No
     theirs = hf_dir(run_dir / "checkpoints" / "checkpoint-40", {"model.safetensors": b"the job's own"})
     source = hf_dir(tmp_path / "far" / "checkpoint-40")
     with pytest.raises(LaunchRefused, match="exists and holds other bytes"):
-        resumeimport.take(run_dir, run_dir / "checkpoints", request(source, digest_of(source)))
+        resume.take(run_dir, run_dir / "checkpoints", request(source, digest_of(source)))
     assert listing(theirs) == ["model.safetensors"] and manifest.read(run_dir) == []
 
 
@@ -161,14 +161,14 @@ def test_an_empty_directory_or_the_checkpoint_dir_itself_is_refused(tmp_path: Pa
     (tmp_path / "far" / "checkpoint-40").mkdir(parents=True)
     empty = hashlib.sha256(b"").hexdigest()
     with pytest.raises(LaunchRefused, match="holds no finished file"):
-        resumeimport.take(run_dir, run_dir / "checkpoints",
+        resume.take(run_dir, run_dir / "checkpoints",
                           request(tmp_path / "far" / "checkpoint-40", empty))
     assert listing(run_dir / "checkpoints") == []
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     with pytest.raises(LaunchUsageError, match="is the run's checkpoint dir or holds it"):
-        resumeimport.take(run_dir, run_dir / "checkpoints", request(run_dir, empty))
+        resume.take(run_dir, run_dir / "checkpoints", request(run_dir, empty))
     with pytest.raises(LaunchUsageError, match="no such file or directory here"):
-        resumeimport.requested(tmp_path / "nowhere", empty, None, None)
+        resume.requested(tmp_path / "nowhere", empty, None, None)
 
 
 # ---- through the real launcher ---------------------------------------------------------------------

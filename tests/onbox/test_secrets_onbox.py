@@ -1,4 +1,4 @@
-"""The box's secrets: which files count (onbox/secrets.py), and what a launch does with them.
+"""The box's secrets: which files count (onbox/launch/secrets.py), and what a launch does with them.
 
 The job proves it got a value by printing a hash of it, never the value; then every file of the
 run (run.json, train.log, the journal, the sidecar's log) and the processes rgt started are
@@ -16,9 +16,9 @@ from typing import Any, Dict, List
 import pytest
 
 from onbox.journal import read_all
-from onbox.launch import RESERVED_ENV, run_launch
+from onbox.launch.launcher import RESERVED_ENV, run_launch
+from onbox.launch.secrets import MAX_VALUE_BYTES, maskable, read_secrets, secrets_dir
 from onbox.runs import read_json
-from onbox.secrets import MAX_VALUE_BYTES, maskable, read_secrets, secrets_dir
 from tests.helpers import wait_until
 from tests.onbox.test_launch import WAIT_GO, Rig, log_line, proc_bytes, py, sha12
 

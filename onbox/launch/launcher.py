@@ -2,7 +2,7 @@
 
     launch(LaunchOptions(command=[...], ...)) -> LaunchResult
 
-In order (the gates live in onbox/launchgates.py): work out the run (id, project,
+In order (the gates live in onbox/launch/gates.py): work out the run (id, project,
 `<root>/<project>/active/<run-id>`; a bare `--run-id` that exists under another project is that
 run), refuse when the disk cannot hold it (free space below
 `ckpt_copies` x the newest checkpoint's size plus `min_free_bytes`, and too few free inodes), run the
@@ -10,13 +10,13 @@ pre-flight health check (a FAIL refuses; the report goes to rgt/preflight.json),
 launch lock, refuse while the run's job still runs (recorded pid AND start time), retire the previous
 attempt of a relaunched run (its supervisor is stopped and its exit/stop/job records move to
 rgt/attempts/<n>/), write run.json atomically (command redacted, environment by name only), start
-the job wrapper (onbox/supervise.py `job`, its own session) and wait for rgt/job.json, then start the
+the job wrapper (onbox/launch/supervise.py `job`, its own session) and wait for rgt/job.json, then start the
 sidecar supervisor (`sidecar`, its own session) and wait for rgt/supervisor.pid.
 
 The job gets RGT_RUN_ID, RGT_RUN_DIR, RGT_CKPT_DIR, RGT_METRICS, RGT_RESUME_FROM (--resume-from's
-file once verified and recorded by onbox/resumeimport.py, else the manifest's newest good one),
+file once verified and recorded by onbox/launch/resume.py, else the manifest's newest good one),
 RGT_DURABLE_DIR (when given) and PYTHONUNBUFFERED=1 on top of the launcher's environment, the box's
-secrets (onbox/secrets.py, unless `secrets=False`; run.json records their names only) and the
+secrets (onbox/launch/secrets.py, unless `secrets=False`; run.json records their names only) and the
 `--env NAME=VALUE` (or `--env NAME`: passed on from the launcher's environment) pairs, which win over
 both. The wrapper receives the job's argv and environment through a pipe, so neither lands in any
 command line we create; the wrapper and supervisor themselves run without the launcher's secret-named
@@ -42,11 +42,10 @@ import profiles
 from protocol import PACKAGE_VERSION
 from protocol.ids import new_run_id
 
-from onbox import resumeimport
 from onbox.custody import manifest
 from onbox.deadman import daemon, lease
-from onbox.fingerprint import write_fingerprint
-from onbox.launchenv import (
+from onbox.launch import resume as resumeimport
+from onbox.launch.env import (
     Interpreter,
     InterpreterMissing,
     add_pylib,
@@ -55,7 +54,8 @@ from onbox.launchenv import (
     job_pylib,
     old_python_note,
 )
-from onbox.launchgates import (
+from onbox.launch.fingerprint import write_fingerprint
+from onbox.launch.gates import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_REFUSED,
@@ -72,8 +72,9 @@ from onbox.launchgates import (
     run_preflight,
     take_lock,
 )
-from onbox.nodes import NodeError, identify, stream_id
-from onbox.redact import contains_secret, is_secret_name, redact_argv, redact_text, secret_values
+from onbox.launch.nodes import NodeError, identify, stream_id
+from onbox.launch.redact import contains_secret, is_secret_name, redact_argv, redact_text, secret_values
+from onbox.launch.secrets import maskable, read_secrets
 from onbox.runs import (
     SAFE_ID,
     JobRecord,
@@ -85,10 +86,9 @@ from onbox.runs import (
     write_atomic,
     write_json_atomic,
 )
-from onbox.secrets import maskable, read_secrets
 
 if TYPE_CHECKING:
-    from onbox.launchwait import Forwarder
+    from onbox.launch.wait import Forwarder
 
 RESERVED_ENV = ("RGT_RUN_ID", "RGT_RUN_DIR", "RGT_CKPT_DIR", "RGT_METRICS", "RGT_RESUME_FROM", "RGT_NODE",
                 "RGT_DURABLE_DIR")
@@ -107,7 +107,7 @@ class LaunchOptions:
     metrics: Optional[Path] = None         # default <run>/metrics.jsonl
     durable_dir: Optional[Path] = None     # recorded and exported as RGT_DURABLE_DIR
     env: Sequence[str] = ()                # "NAME=VALUE" or "NAME" (from our environment) for the job
-    secrets: bool = True                   # export the box's secrets (onbox/secrets.py) to the job
+    secrets: bool = True                   # export the box's secrets (onbox/launch/secrets.py) to the job
     cwd: Optional[Path] = None             # default: code_dir, else the launcher's; relative: from code_dir
     code_dir: Optional[Path] = None        # where `rgt launch --code` synced the code (recorded)
     python: Optional[str] = None           # the job's interpreter (launchenv.choose_interpreter)
@@ -125,7 +125,8 @@ class LaunchOptions:
     deadman_ttl_s: Optional[float] = None
     deadman_idle_s: float = 30 * 60.0
     deadman_max_hours: Optional[float] = None
-    # Multi-node (onbox/nodes.py): this launch is node NODE of run `run_id`; "auto" reads the scheduler.
+    # Multi-node (onbox/launch/nodes.py): this launch is node NODE of run `run_id`; "auto" reads the
+    # scheduler.
     node: Optional[str] = None
     # Seconds a preemption leaves between SIGTERM and SIGKILL; default: the profile's [spot] grace_s.
     preempt_grace_s: Optional[float] = None
@@ -292,7 +293,8 @@ def _host() -> str:
 
 def _interpreter(opts: LaunchOptions, profile: Optional[profiles.Profile], environ: Mapping[str, str],
                  plan: _Plan) -> Tuple[List[str], Interpreter]:
-    """The job's argv with its chosen interpreter (onbox/launchenv.py); a usage error naming a missing one."""
+    """The job's argv with its chosen interpreter (onbox/launch/env.py); a usage error naming a
+    missing one."""
     path_env = {**environ, **plan.secret_env, **plan.env_set}.get("PATH")
     try:
         return choose_interpreter(opts.command, opts.python, profile.scripts.python if profile else None,
@@ -360,14 +362,14 @@ def _run_json(plan: _Plan, opts: LaunchOptions, display: List[str], env: Mapping
         "env_names": sorted(env), "env_set": sorted(plan.env_set), "ckpt_dir": str(plan.ckpt_dir),
         "metrics": str(plan.metrics), "durable_dir": str(plan.durable_dir) if plan.durable_dir else None,
         "resume_from": str(resume) if resume else None, "preflight": preflight, "resumes": opts.resumes,
-        "resume": taken.record() if taken else None,  # a checkpoint from elsewhere (onbox/resumeimport.py)
+        "resume": taken.record() if taken else None,  # a checkpoint from elsewhere (onbox/launch/resume.py)
         "profile_applied": plan.profile_record, "secrets": sorted(plan.secret_env),  # names only
         "package_version": PACKAGE_VERSION,
         "group": plan.group, "node": plan.node, "nodes": plan.nodes,
         # Only the lease settings this launch asked for; the lease itself is ~/.rgt/deadman.json.
         "deadman": None if opts.deadman_ttl_s is None else {
             "ttl_s": opts.deadman_ttl_s, "idle_s": opts.deadman_idle_s, "max_hours": opts.deadman_max_hours},
-        # What the sidecar watches (onbox/settings.py); a restarted sidecar reads it again.
+        # What the sidecar watches (onbox/launch/settings.py); a restarted sidecar reads it again.
         "watch": {"metrics": str(plan.metrics), "ckpt_dir": str(plan.ckpt_dir),
                   "durable_dir": str(plan.durable_dir) if plan.durable_dir else None,
                   **{k: v for k, v in opts.watch.items() if v is not None}},
@@ -398,7 +400,7 @@ def _log_tail(plan: _Plan, lines: int = 5) -> str:
 
 def _start_job(plan: _Plan, spec: Dict[str, Any], environ: Mapping[str, str],
                python: str) -> JobRecord:
-    argv = [python, "-m", "onbox.supervise", "job", "--run-dir", str(plan.paths.run_dir)]
+    argv = [python, "-m", "onbox.launch.supervise", "job", "--run-dir", str(plan.paths.run_dir)]
     with open(plan.paths.train_log, "ab") as log:  # the wrapper's own errors land in train.log
         proc = subprocess.Popen(argv, cwd=str(plan.paths.run_dir), env=_quiet_env(environ),
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log,
@@ -433,7 +435,7 @@ def _start_job(plan: _Plan, spec: Dict[str, Any], environ: Mapping[str, str],
 
 def _start_supervisor(plan: _Plan, opts: LaunchOptions, wrapper_pid: int, environ: Mapping[str, str],
                       python: str) -> Tuple[Optional[int], List[str]]:
-    argv = [python, "-m", "onbox.supervise", "sidecar", "--run-dir", str(plan.paths.run_dir),
+    argv = [python, "-m", "onbox.launch.supervise", "sidecar", "--run-dir", str(plan.paths.run_dir),
             "--pid", str(wrapper_pid), "--linger", f"{opts.sidecar_linger_s:g}", "--",
             "--gpu", opts.probe, *opts.serve_args]
     with open(plan.paths.supervisor_log, "ab") as log:
@@ -557,10 +559,10 @@ def render_launch(result: LaunchResult, as_json: bool, out: IO[str]) -> None:
 def run_launch(opts: LaunchOptions, as_json: bool, stdout: IO[str], stderr: IO[str], wait: bool = False,
                **kwargs: Any) -> int:
     """The CLI body: launch, print the result (or `error:`/`hint:` lines), return the exit code;
-    with `wait`, the job's own exit status once it ended (onbox/launchwait.py)."""
+    with `wait`, the job's own exit status once it ended (onbox/launch/wait.py)."""
     if not wait:
         return _launch_and_report(opts, as_json, stdout, stderr, None, **kwargs)
-    from onbox.launchwait import Forwarder
+    from onbox.launch.wait import Forwarder
 
     with Forwarder() as forwarder:  # before the launch: a stop that comes at once still reaches the job
         return _launch_and_report(opts, as_json, stdout, stderr, forwarder, **kwargs)
@@ -583,7 +585,7 @@ def _launch_and_report(opts: LaunchOptions, as_json: bool, stdout: IO[str], stde
         stderr.write(f"warning: {warning}\n")
     if forwarder is not None:
         stdout.flush()
-        from onbox.launchwait import wait_for_job
+        from onbox.launch.wait import wait_for_job
 
         return wait_for_job(result.run_dir, result.pid, sidecar=opts.sidecar, forwarder=forwarder)
     if not as_json:

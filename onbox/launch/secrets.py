@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 from typing import Callable, Collection, Dict, Iterable, List, Mapping, Optional
 
-from onbox.redact import MIN_SECRET_LEN
+from onbox.launch.redact import MIN_SECRET_LEN
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def read_secrets(directory: Optional[Path] = None, *, environ: Optional[Mapping[
 
 
 def maskable(values: Iterable[str], others: Iterable[str] = ()) -> List[str]:
-    """The values to mask wherever text is recorded (onbox.redact), with `others`, longest first.
+    """The values to mask wherever text is recorded (onbox.launch.redact), with `others`, longest first.
 
     Every secret is masked whatever its name, but not one shorter than MIN_SECRET_LEN: masking
     every "7" would garble the records and hide nothing."""

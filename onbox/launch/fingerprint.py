@@ -10,7 +10,7 @@ The document holds:
   to cwd) to an existing file ending .yaml/.yml/.json/.toml/.cfg/.ini. Each entry has the slot that
   named it (`--config`, `KEY`, or `#0`, `#1`... for bare arguments), the path as given and resolved,
   size, sha256 (of the bytes on disk) and the text when it is at most 256 KiB. The text is recorded
-  with secret-looking values masked (onbox/redact.py rules, plus `key: value` / `key = value` lines
+  with secret-looking values masked (onbox/launch/redact.py rules, plus `key: value` / `key = value` lines
   under a secret-looking key). A file named through a secret-looking slot or with a secret-looking
   name (`--credentials creds.json`, `secrets.yaml`) is listed as skipped, without hash or text.
 - `seed`: seed and determinism settings: `args` (`--seed 1`, `--seed=1`, `trainer.seed=1`,
@@ -37,7 +37,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from onbox.redact import MASK, is_secret_name, redact_text, secret_values
+from onbox.launch.redact import MASK, is_secret_name, redact_text, secret_values
 from onbox.runs import read_json, utc_iso, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ _ASSIGN_ARG = re.compile(r"^[+~]{0,2}(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)=(?P<valu
 # A `key: value` or `key = value` line (YAML, TOML, INI, JSON) whose value may need masking.
 _KEY_LINE = re.compile(r"^(?P<head>\s*(?:-\s+)?(?P<q>[\"']?)(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P=q)"
                        r"\s*[:=]\s*)(?P<value>\S.*)$")
-# Words in a file's name that keep it out of the fingerprint (besides onbox.redact's secret names).
+# Words in a file's name that keep it out of the fingerprint (besides onbox.launch.redact's secret names).
 _SECRET_FILE_WORDS = frozenset({"secret", "secrets", "credential", "credentials", "password", "passwords",
                                 "token", "tokens", "auth", "keys", "apikeys", "env"})
 _TRUTHY = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False,

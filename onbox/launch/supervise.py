@@ -1,7 +1,7 @@
 """The two detached processes `rgt-onbox launch` leaves behind: the job wrapper and the sidecar supervisor.
 
-    python -m onbox.supervise job --run-dir RUN              (spec on stdin)
-    python -m onbox.supervise sidecar --run-dir RUN --pid WRAPPER_PID [--linger S] [-- SERVE ARGS...]
+    python -m onbox.launch.supervise job --run-dir RUN              (spec on stdin)
+    python -m onbox.launch.supervise sidecar --run-dir RUN --pid WRAPPER_PID [--linger S] [-- SERVE ARGS...]
 
 **The job wrapper** (`job`) is what the sidecar watches (`serve --pid`). It reads its spec (argv,
 cwd, the job's full environment) as one JSON object from stdin, so neither a secret value nor the
@@ -358,7 +358,7 @@ def supervise_main(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m onbox.supervise")
+    parser = argparse.ArgumentParser(prog="python -m onbox.launch.supervise")
     sub = parser.add_subparsers(dest="mode", required=True)
     job = sub.add_parser("job", help="run the job described on stdin and record its exit")
     job.add_argument("--run-dir", required=True)

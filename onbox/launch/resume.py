@@ -32,7 +32,7 @@ from rgtlib.hashing import sha256_whole, unit_digest
 from onbox.custody import check, manifest, units
 from onbox.custody.pullmanifest import ManifestError, sha256_state
 from onbox.fsutil import fsync_dir
-from onbox.launchgates import LaunchRefused, LaunchUsageError
+from onbox.launch.gates import LaunchRefused, LaunchUsageError
 
 HASH_TRIES = 3
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
