@@ -1,5 +1,5 @@
 """A worker thread that runs calls one at a time, each with a timeout: every NVML call
-(onbox/sources/nvml.py) and every GPU sampling round (onbox/monitor.py, onbox/health.py).
+(onbox/sources/nvml.py) and every GPU sampling round (onbox/monitors/health.py, onbox/monitors/preflight.py).
 
 Pure threading: callers hand it callables. A call that does not return in time marks the runner
 degraded; later calls fail fast until the stuck call comes back, so a hung driver never hangs the

@@ -130,7 +130,7 @@ def health(gpu_index: Optional[int], seconds: float, as_json: bool, run_dir: Opt
     pass or warn, 2 on fail. Without a GPU or driver the GPU checks say so
     (SKIP) and the rest still run.
     """
-    from onbox.health import run_health
+    from onbox.monitors.preflight import run_health
 
     try:
         code = run_health(gpu_index, seconds, as_json, run_dir, sys.stdout, gpu=probe)

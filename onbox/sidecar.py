@@ -45,10 +45,10 @@ from onbox.fsutil import write_json_atomic
 from onbox.jobs import FunctionJob, PeriodicJob, Scheduler
 from onbox.journal import Journal
 from onbox.launch.settings import custody_config, load_watch, training_config
-from onbox.monitor import HealthMonitor, MonitorConfig
+from onbox.monitors.health import HealthMonitor, MonitorConfig
+from onbox.monitors.stacks import StackCapture, StallStacks
+from onbox.monitors.training import TrainingMonitor
 from onbox.sources import process
-from onbox.stacks import StackCapture, StallStacks
-from onbox.training import TrainingMonitor
 from onbox.transport import CurveServer, EventServer, socket_dir_for
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class SidecarConfig:
     gpu_sample_s: float = 2.0
     watch_paths: Sequence[Path] = ()  # filesystems to watch besides the run dir's
     kmsg: bool = True                 # read Xids from /dev/kmsg too, when readable
-    stacks: bool = True               # a job.stalled carries the job's Python stacks (onbox/stacks.py)
+    stacks: bool = True               # a job.stalled carries the job's Python stacks (monitors/stacks)
     watch: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # over run.json's "watch"
     synthetic_count: int = 0          # tests and benchmarks: emit until last_seq reaches it
     synthetic_rate_hz: float = 0.0    # 0 = as fast as possible

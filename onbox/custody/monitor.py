@@ -1,6 +1,6 @@
 """Checkpoint custody of one run: notice committed checkpoint units, hash and check them, record them
 in <run>/rgt/manifest.jsonl, notice their removal, copy them to durable storage. The glue, like
-`onbox.monitor`.
+`onbox.monitors.health`.
 
 Places: the checkpoint dir ($RGT_CKPT_DIR, where every file is a checkpoint) plus the places the job
 really writes, found by `onbox.custody.locate` (hints, HF's output_dir, Lightning's dirpath, large files

@@ -2,7 +2,7 @@
 
 Each detector is pure: it is fed readings and a time (seconds on a monotonic clock), keeps its own
 state, and returns `Finding`s (kind, data, severity) for the onsets and clears it decides on. It
-never reads the system, never sleeps and never emits; `onbox.monitor` feeds it and emits what it
+never reads the system, never sleeps and never emits; `onbox.monitors.health` feeds it and emits what it
 returns. One concept per module:
 
     hysteresis  the onset/clear machine every detector is built on, and `Finding`

@@ -1,6 +1,6 @@
 """Where a hang is: Python stacks parsed and judged, stopped processes, one stall state.
 
-Pure interpretation; the capture (py-spy, faulthandler, /proc) is onbox/stacks.py.
+Pure interpretation; the capture (py-spy, faulthandler, /proc) is onbox/monitors/stacks.py.
 
 - `parse_pyspy_json` reads ``py-spy dump --json [--native]``; `parse_faulthandler` reads what
   `faulthandler.dump_traceback` writes. Both give `ThreadStack`s, innermost frame first.

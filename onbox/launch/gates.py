@@ -119,7 +119,7 @@ def check_disk(run_dir: Path, ckpt_dir: Path, existing: bool, copies: float, mar
 def run_preflight(paths: RunPaths, seconds: float, probe: str, health: Optional[Health]) -> Dict[str, Any]:
     """The health report (dict); raises LaunchRefused on FAIL, saving the report when the run exists."""
     if health is None:
-        from onbox.health import run_health
+        from onbox.monitors.preflight import run_health
         health = run_health
     buf = io.StringIO()
     try:

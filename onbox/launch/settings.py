@@ -21,7 +21,7 @@ from typing import Any, Dict, Mapping, Optional
 from onbox.custody import manifest
 from onbox.custody.monitor import CustodyConfig
 from onbox.errors import ConfigError
-from onbox.training import TrainingConfig
+from onbox.monitors.training import TrainingConfig
 
 KNOWN = {"metrics", "log", "log_regex", "scalars", "stall_floor_s", "stall_k", "stall_grace_s",
          "expected_steps", "expected_seconds", "ckpt_dir", "durable_dir", "durable_policy",

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from onbox.training import TrainingConfig, TrainingMonitor
+from onbox.monitors.training import TrainingConfig, TrainingMonitor
 from tests.helpers import Recorder
 
 ROOT = Path(__file__).resolve().parents[2]

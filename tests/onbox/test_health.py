@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 from onbox.errors import ConfigError
-from onbox.health import run_health
+from onbox.monitors.preflight import run_health
 from onbox.sources import fake_gpu
 from onbox.sources.host import CgroupReader
 from tests.helpers import REPO
@@ -154,7 +154,7 @@ def test_bad_gpu_option_raises_config_error(tmp_path: Path) -> None:
 
 
 def test_as_a_subprocess_on_this_gpu_less_machine(tmp_path: Path) -> None:
-    code = ("import sys; from pathlib import Path; from onbox.health import run_health; "
+    code = ("import sys; from pathlib import Path; from onbox.monitors.preflight import run_health; "
             f"sys.exit(run_health(None, 1, True, Path({str(tmp_path)!r}), sys.stdout, "
             "kmsg_path='/nonexistent'))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

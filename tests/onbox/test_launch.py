@@ -23,7 +23,6 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from onbox.custody import manifest
-from onbox.health import run_health
 from onbox.journal import read_all
 from onbox.launch.launcher import (
     EXIT_REFUSED,
@@ -36,6 +35,7 @@ from onbox.launch.launcher import (
     run_launch,
 )
 from onbox.launch.supervise import BACKOFF_CAP_S, Supervisor
+from onbox.monitors.preflight import run_health
 from onbox.runs import ProcRef, read_json, run_status, stop_run
 from tests.helpers import REPO, end_box_side, wait_until
 

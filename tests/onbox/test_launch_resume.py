@@ -20,7 +20,7 @@ from onbox.custody import manifest
 from onbox.journal import read_all
 from onbox.launch.launcher import EXIT_REFUSED, EXIT_USAGE, run_launch
 from onbox.launch.settings import resume_step, training_config
-from onbox.training import TrainingConfig, TrainingMonitor
+from onbox.monitors.training import TrainingConfig, TrainingMonitor
 from tests.helpers import wait_until
 from tests.onbox.test_launch import WAIT_GO, Rig, log_line, py
 

@@ -18,7 +18,7 @@ import pytest
 
 from onbox.detectors.gpu import GpuThresholds
 from onbox.errors import ConfigError
-from onbox.monitor import HealthMonitor, MonitorConfig
+from onbox.monitors.health import HealthMonitor, MonitorConfig
 from onbox.sources import fake_gpu
 from onbox.sources.fake_gpu import ScriptedProbe, h100_pci
 from onbox.sources.gpu import GpuProcess

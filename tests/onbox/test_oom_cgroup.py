@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set
 
 import pytest
 
-from onbox.monitor import HealthMonitor, MonitorConfig
+from onbox.monitors.health import HealthMonitor, MonitorConfig
 from onbox.sources.host import CgroupReader
 from onbox.sources.process import ProcInfo
 from tests.helpers import Clock, Recorder, wait_until

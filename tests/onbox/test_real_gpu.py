@@ -17,7 +17,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from onbox.health import run_health
+from onbox.monitors.preflight import run_health
 from onbox.sources import fake_gpu
 from onbox.sources.fake_gpu import ScriptedProbe
 from onbox.sources.gpu import Capability, GpuInfo, GpuProcess, GpuSample, decode_reasons

@@ -25,8 +25,8 @@ from onbox.detectors.hang import (
     parse_pyspy_json,
     short_text,
 )
-from onbox.monitor import HealthMonitor, MonitorConfig
-from onbox.stacks import StackCapture, StallStacks, find_py_spy
+from onbox.monitors.health import HealthMonitor, MonitorConfig
+from onbox.monitors.stacks import StackCapture, StallStacks, find_py_spy
 from protocol import MAX_EVENT_BYTES
 from tests.helpers import REPO, Recorder, wait_until
 

@@ -16,7 +16,7 @@ import pytest
 
 from onbox.errors import ConfigError
 from onbox.jobs import Scheduler
-from onbox.training import STATE_FILE, TrainingConfig, TrainingMonitor, load_state
+from onbox.monitors.training import STATE_FILE, TrainingConfig, TrainingMonitor, load_state
 from tests.helpers import Clock
 from tests.helpers import Recorder as BaseRecorder
 

@@ -1,4 +1,5 @@
-"""The Xid catalog, classification, the deduper and the `xids` report (onbox/xid.py, onbox/xidreport.py)."""
+"""The Xid catalog, classification, the deduper and the `xids` report (onbox/monitors/xid.py,
+onbox/xidreport.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from onbox.xid import (
+from onbox.monitors.xid import (
     CLASSES,
     SEVERITIES,
     XidCatalog,
