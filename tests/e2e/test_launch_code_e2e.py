@@ -146,7 +146,7 @@ def test_launch_code_syncs_the_tree_and_the_box_python_imports_onbox(rgt_box: Rg
                            capture_output=True, text=True, timeout=60)
     assert probe.stdout.strip() == "None"
     pylib = Path(meta["job_pythonpath"].split(os.pathsep)[-1])
-    assert sorted(p.name for p in pylib.iterdir()) == ["onbox", "protocol"]
+    assert sorted(p.name for p in pylib.iterdir()) == ["onbox", "protocol", "rgtlib"]
 
 
 @pytest.mark.e2e

@@ -26,7 +26,7 @@ from onbox.custody import manifest
 from onbox.custody.check import is_temporary
 from onbox.custody.monitor import CustodyConfig, CustodyMonitor
 from onbox.errors import ConfigError
-from onbox.jobs import Scheduler
+from onbox.sidecar.jobs import Scheduler
 from onbox.sources.checkpoints import Change, CheckpointWatcher, fs_type, is_network_fs
 from tests.helpers import Recorder as BaseRecorder
 
@@ -322,7 +322,7 @@ def test_safetensors_with_a_lying_header_is_suspect(custody: Factory, tmp_path: 
     data = h.events.wait_for("ckpt.suspect")[0]
     h.idle()
     assert data["code"] == "bad_structure", data
-    assert "tensor 'w'" in data["reason"] and "needs 128 bytes" in data["reason"]
+    assert "tensor 'w'" in data["reason"] and "is 128 bytes but its span" in data["reason"]
     assert not h.events.of("ckpt.saved")
 
 
