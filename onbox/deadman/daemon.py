@@ -45,6 +45,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, 
 import profiles
 from rgtlib import lockfile
 
+import onbox
 from onbox.deadman.clock import Activity, LeaseTimer, Timebase, newer_checkpoints
 from onbox.deadman.lease import (
     NOTIFY,
@@ -412,7 +413,7 @@ def wanted(read: LeaseRead) -> bool:
 
 def _spawn_env(environ: Mapping[str, str]) -> Dict[str, str]:
     env = {k: v for k, v in environ.items() if not is_secret_name(k)}
-    here = str(Path(__file__).resolve().parent.parent)
+    here = str(Path(onbox.__file__).resolve().parent.parent)  # where `import onbox` finds this one
     env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [environ.get("PYTHONPATH")])])
     return env
 

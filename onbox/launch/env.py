@@ -27,6 +27,8 @@ import rgtlib
 from profiles import Profile
 from protocol import PACKAGE_VERSION
 
+import onbox
+
 # `source` the hook, say so on stderr (train.log) if it failed, then become the job.
 _HOOK_SCRIPT = ('. "$0" >/dev/null 2>&1 || echo "rgt: the proxy hook $0 failed; starting without it" >&2; '
                 'exec "$@"')
@@ -162,8 +164,7 @@ def old_python_note(interp: Interpreter) -> List[str]:
 
 
 def _package_dirs() -> List[Path]:
-    return [Path(__file__).resolve().parent, Path(protocol.__file__).resolve().parent,
-            Path(rgtlib.__file__).resolve().parent]
+    return [Path(str(pkg.__file__)).resolve().parent for pkg in (onbox, protocol, rgtlib)]
 
 
 def _tree_digest(dirs: Sequence[Path]) -> str:

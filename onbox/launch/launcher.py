@@ -42,6 +42,7 @@ import profiles
 from protocol import PACKAGE_VERSION
 from protocol.ids import new_run_id
 
+import onbox
 from onbox.custody import manifest
 from onbox.deadman import daemon, lease
 from onbox.launch import resume as resumeimport
@@ -385,7 +386,7 @@ def _quiet_env(environ: Mapping[str, str]) -> Dict[str, str]:
     """The environment of the wrapper and the supervisor: the launcher's, without secret-named
     variables, and able to import this very package (a checkout run without installing it too)."""
     env = {k: v for k, v in environ.items() if not is_secret_name(k) and k not in RESERVED_ENV}
-    here = str(Path(__file__).resolve().parent.parent)
+    here = str(Path(onbox.__file__).resolve().parent.parent)  # where `import onbox` finds this one
     env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [environ.get("PYTHONPATH")])])
     return env
 
