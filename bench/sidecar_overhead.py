@@ -53,7 +53,7 @@ def run_child(args: argparse.Namespace) -> None:
     """The measured process: a Sidecar with the monitor's jobs in its scheduler, until SIGTERM."""
     import logging
 
-    from onbox.sidecar import Sidecar, SidecarConfig
+    from onbox.sidecar.server import Sidecar, SidecarConfig
 
     logging.basicConfig(level=logging.WARNING)
     sidecar = Sidecar(SidecarConfig(run_dir=Path(args.run_dir), heartbeat_s=30.0, job_pid=args.job_pid,

@@ -16,7 +16,7 @@ import click
 from protocol import PACKAGE_VERSION
 
 from onbox.errors import OnboxError
-from onbox.journal import JournalError
+from onbox.sidecar.journal import JournalError
 
 log = logging.getLogger("onbox")
 
@@ -81,8 +81,8 @@ def serve(ctx: click.Context, run_dir: Path, run_id: str, host: str, job_pid: Op
     directory; <run-dir>/rgt/endpoints.json says where.
     """
     _setup_logging("debug" if ctx.obj["debug"] else log_level)
-    from onbox.sidecar import Sidecar, SidecarConfig
-    from onbox.transport import load_curve_server, parse_tcp
+    from onbox.sidecar.server import Sidecar, SidecarConfig
+    from onbox.sidecar.transport import load_curve_server, parse_tcp
 
     try:
         tcp_bind = parse_tcp(tcp) if tcp else None
@@ -379,7 +379,7 @@ def follow(ctx: click.Context, run_dir: Path, node: Optional[str], wait_start: s
     _setup_logging("debug" if ctx.obj["debug"] else log_level)
     from rgtlib.units import parse_duration
 
-    from onbox.follow import Follower, FollowError, FollowUsageError, lower_priority, resolve_run_dir
+    from onbox.sidecar.follow import Follower, FollowError, FollowUsageError, lower_priority, resolve_run_dir
 
     try:
         wait_s, linger_s = parse_duration(wait_start), parse_duration(linger)

@@ -3,7 +3,7 @@ names exists, and it cites nothing outside the repository.
 
 Module docstrings point into the document by section ("docs/ARCHITECTURE.md §3"), so the nine
 numbered headings are part of its contract. A path is anything in inline code or a fenced block
-that starts with one of the repository's top-level directories (`onbox/journal.py`,
+that starts with one of the repository's top-level directories (`onbox/sidecar/journal.py`,
 `controller/follow/`, `profiles/*.toml`); braces expand (`a/{b,c}.py`) and globs must match.
 """
 from __future__ import annotations
@@ -85,8 +85,8 @@ def test_it_cites_nothing_outside_the_repository() -> None:
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("see `onbox/journal.py` and `controller/{paths,render}.py`.",
-     ["onbox/journal.py", "controller/paths.py", "controller/render.py"]),
+    ("see `onbox/sidecar/journal.py` and `controller/{paths,render}.py`.",
+     ["onbox/sidecar/journal.py", "controller/paths.py", "controller/render.py"]),
     ("```\n    controller/follow/watcher.py: the watcher\n```\n", ["controller/follow/watcher.py"]),
     ("`<run>/rgt/sock/` and `python -m onbox.cli` and plain onbox/x.py", []),
     ("`profiles/*.toml`, `tests/`", ["profiles/*.toml", "tests/"]),
@@ -97,5 +97,5 @@ def test_the_path_reader(text: str, expected: List[str]) -> None:
 
 def test_a_missing_path_and_a_citation_are_caught(tmp_path: Path) -> None:
     assert not _exists("onbox/no_such_module.py") and not _exists("profiles/*.nothing")
-    assert _exists("profiles/*.toml") and _exists("onbox/journal.py") and _exists("controller/")
+    assert _exists("profiles/*.toml") and _exists("onbox/sidecar/journal.py") and _exists("controller/")
     assert _OUTSIDE.search(CITED_SAMPLES[-1]) and not _OUTSIDE.search("the teardown gate")

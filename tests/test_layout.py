@@ -29,12 +29,12 @@ def lint(path: str, source: str) -> subprocess.CompletedProcess:
     ("rgtlib/x.py", "import click\n"),
     ("profiles/x.py", "import protocol\n"),
     ("onbox/x.py", "from controller.store.db import Store\n"),
-    ("controller/x.py", "import onbox.journal\n"),
-    ("onbox/sidecar.py", "import zmq\n"),
+    ("controller/x.py", "import onbox.sidecar.journal\n"),
+    ("onbox/sidecar/server.py", "import zmq\n"),
     ("onbox/x.py", "import pynvml\n"),
     ("onbox/x.py", "import torch\n"),
     ("controller/x.py", "import psutil\n"),
-    ("onbox/transport.py", "import zmq  # noqa: TID251\nimport controller\n"),
+    ("onbox/sidecar/transport.py", "import zmq  # noqa: TID251\nimport controller\n"),
 ])
 def test_forbidden_imports_fail_the_lint(path: str, source: str) -> None:
     out = lint(path, source)
@@ -46,7 +46,7 @@ def test_forbidden_imports_fail_the_lint(path: str, source: str) -> None:
     ("controller/x.py", "from protocol import Event\n"),
     ("onbox/x.py", "from rgtlib import hashing\n"),
     ("controller/x.py", "import rgtlib.hashing\n"),
-    ("onbox/transport.py", "import zmq  # noqa: TID251\n"),
+    ("onbox/sidecar/transport.py", "import zmq  # noqa: TID251\n"),
 ])
 def test_allowed_imports_pass(path: str, source: str) -> None:
     assert lint(path, source).returncode == 0

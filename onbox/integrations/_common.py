@@ -14,7 +14,8 @@ import os
 import signal
 from typing import IO, Any, Callable, Dict, Mapping, Optional, Set, TypeVar
 
-from onbox import hints, report
+from onbox import report
+from onbox.sidecar import hints
 
 log = logging.getLogger("onbox.integrations")
 

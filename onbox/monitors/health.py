@@ -37,9 +37,9 @@ from onbox.detectors.hysteresis import Finding
 from onbox.detectors.job import ExitRecord, JobDetector, parse_exit_record
 from onbox.detectors.memory import MemoryDetector, MemReading, MemThresholds
 from onbox.detectors.xids import GPU_OFF_THE_BUS, XidReporter, recovery_for
-from onbox.jobs import FunctionJob, PeriodicJob
 from onbox.monitors.probes import init_probe, make_probe
 from onbox.monitors.xid import XidDeduper
+from onbox.sidecar.jobs import FunctionJob, PeriodicJob
 from onbox.sources import host
 from onbox.sources.fake_gpu import TICK_S, ScriptedProbe
 from onbox.sources.gpu import Capability, GpuInfo, GpuProbe, GpuProcess, GpuSample, XidEvent

@@ -42,14 +42,14 @@ from onbox.custody.pullmanifest import MANIFEST_REL, ManifestError, build_manife
 from onbox.deadman.feed import DeadmanFeed
 from onbox.errors import AlreadyServing, ConfigError
 from onbox.fsutil import write_json_atomic
-from onbox.jobs import FunctionJob, PeriodicJob, Scheduler
-from onbox.journal import Journal
 from onbox.launch.settings import custody_config, load_watch, training_config
 from onbox.monitors.health import HealthMonitor, MonitorConfig
 from onbox.monitors.stacks import StackCapture, StallStacks
 from onbox.monitors.training import TrainingMonitor
+from onbox.sidecar.jobs import FunctionJob, PeriodicJob, Scheduler
+from onbox.sidecar.journal import Journal
+from onbox.sidecar.transport import CurveServer, EventServer, socket_dir_for
 from onbox.sources import process
-from onbox.transport import CurveServer, EventServer, socket_dir_for
 
 log = logging.getLogger(__name__)
 

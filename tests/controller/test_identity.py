@@ -31,7 +31,7 @@ from controller.queue import dispatch
 from controller.queue import model as q
 from controller.store.db import Store
 from controller.trust import Untrusted
-from onbox.sidecar import Sidecar, SidecarConfig
+from onbox.sidecar.server import Sidecar, SidecarConfig
 from protocol import PACKAGE_VERSION, PROTOCOL_VERSION, Event, HelloReply, SinceReply
 from protocol.codec import decode_request, encode_event, encode_reply
 from protocol.control import Hello, Since

@@ -9,8 +9,8 @@ import pytest
 
 from controller.follow.subscriber import Subscriber
 from controller.store.db import Store
-from onbox.journal import read_all
-from onbox.sidecar import Sidecar, SidecarConfig
+from onbox.sidecar.journal import read_all
+from onbox.sidecar.server import Sidecar, SidecarConfig
 from protocol import Event
 from protocol.endpoints import Endpoints
 from tests.helpers import wait_until

@@ -17,7 +17,7 @@ from controller.follow import watcher
 from controller.follow.subscriber import Subscriber
 from controller.follow.watcher import LocalLink, Watcher, ensure_watcher, outage_s, running_pid
 from controller.store.db import Store
-from onbox.sidecar import Sidecar, SidecarConfig
+from onbox.sidecar.server import Sidecar, SidecarConfig
 from protocol.endpoints import Endpoints
 from tests.helpers import wait_until
 

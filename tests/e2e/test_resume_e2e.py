@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Sequence
 import pytest
 
 from controller.store.db import Store
-from onbox.journal import read_all
+from onbox.sidecar.journal import read_all
 from protocol import Event
 from tests.e2e.rgtbox import ONBOX, TEST_ONBOX_ARGS, TRAIN, Rgt
 from tests.helpers import wait_until

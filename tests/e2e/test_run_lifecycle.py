@@ -17,8 +17,8 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 
 from onbox.custody import manifest
-from onbox.journal import read_all
 from onbox.runs import read_json
+from onbox.sidecar.journal import read_all
 from tests.e2e.cgroups import small_memory_cgroup
 from tests.helpers import REPO, wait_until
 from tests.onbox.test_launch import Rig

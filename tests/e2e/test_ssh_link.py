@@ -13,7 +13,7 @@ import pytest
 
 from controller import paths
 from controller.box.ssh import Ssh
-from onbox.journal import read_all
+from onbox.sidecar.journal import read_all
 from tests.e2e.rgtbox import Rgt
 from tests.helpers import wait_until
 from tests.sshbox import SshBox

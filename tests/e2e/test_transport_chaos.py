@@ -15,7 +15,7 @@ from typing import Iterator, List, Optional
 import pytest
 
 from controller.store.db import Store
-from onbox.journal import read_all
+from onbox.sidecar.journal import read_all
 from tests.helpers import REPO, SidecarProcess, rgt_cmd, wait_until
 
 pytestmark = pytest.mark.e2e

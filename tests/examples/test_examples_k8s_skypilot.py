@@ -19,8 +19,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import pytest
 import yaml
 
-from onbox.journal import read_all
 from onbox.runs import ProcRef, end_process, read_json, run_status, stop_run
+from onbox.sidecar.journal import read_all
 from tests.helpers import REPO, wait_until
 
 EXAMPLES = REPO / "examples"

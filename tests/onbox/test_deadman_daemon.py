@@ -21,9 +21,9 @@ from click.testing import CliRunner
 from onbox.cli import main as onbox_main
 from onbox.deadman.daemon import daemon_pid
 from onbox.deadman.lease import DeadmanPaths, arm, disarm, read_events, read_lease
-from onbox.journal import read_all
 from onbox.launch.launcher import LaunchOptions, launch
 from onbox.runs import ProcRef, read_json, run_status, wait_for
+from onbox.sidecar.journal import read_all
 from protocol import Renew, RenewReply, encode_request
 from protocol.endpoints import Endpoints
 from tests.helpers import REPO, Client, SidecarProcess, onbox_cmd, wait_until

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List
 
-from onbox.journal import read_all
+from onbox.sidecar.journal import read_all
 from tests.helpers import wait_until
 from tests.onbox.test_launch import Rig, py
 

@@ -12,9 +12,9 @@ from typing import Iterator, List, Optional
 
 import pytest
 
-from onbox.follow import FRESH_S, FollowUsageError, current_job, resolve_run_dir
-from onbox.journal import read_all
 from onbox.runs import ProcRef, RunPaths, boot_id, read_json, utc_iso, write_json_atomic
+from onbox.sidecar.follow import FRESH_S, FollowUsageError, current_job, resolve_run_dir
+from onbox.sidecar.journal import read_all
 from tests.helpers import REPO, onbox_cmd, wait_until
 from tests.onbox.test_launch import WAIT_GO, Rig, py
 

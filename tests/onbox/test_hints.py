@@ -1,4 +1,5 @@
-"""onbox.hints: the job's hint lines (checkpoint, output_dir, removed, faulthandler) and their reader."""
+"""onbox.sidecar.hints: the job's hint lines (checkpoint, output_dir, removed, faulthandler) and
+their reader."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from onbox import hints
+from onbox.sidecar import hints
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from typing import List
 
 import pytest
 
-from onbox.journal import CURRENT, Journal, read_all
+from onbox.sidecar.journal import CURRENT, Journal, read_all
 from protocol import ProtocolError, decode_event
 from tests.helpers import Clock
 

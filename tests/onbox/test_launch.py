@@ -23,7 +23,6 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from onbox.custody import manifest
-from onbox.journal import read_all
 from onbox.launch.launcher import (
     EXIT_REFUSED,
     LaunchError,
@@ -37,6 +36,7 @@ from onbox.launch.launcher import (
 from onbox.launch.supervise import BACKOFF_CAP_S, Supervisor
 from onbox.monitors.preflight import run_health
 from onbox.runs import ProcRef, read_json, run_status, stop_run
+from onbox.sidecar.journal import read_all
 from tests.helpers import REPO, end_box_side, wait_until
 
 MIB = 1 << 20

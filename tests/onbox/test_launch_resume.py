@@ -17,10 +17,10 @@ from typing import Any, Dict, List
 import pytest
 
 from onbox.custody import manifest
-from onbox.journal import read_all
 from onbox.launch.launcher import EXIT_REFUSED, EXIT_USAGE, run_launch
 from onbox.launch.settings import resume_step, training_config
 from onbox.monitors.training import TrainingConfig, TrainingMonitor
+from onbox.sidecar.journal import read_all
 from tests.helpers import wait_until
 from tests.onbox.test_launch import WAIT_GO, Rig, log_line, py
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional, Tuple
 
 from onbox.custody.preempt import PREEMPT_FILE, PreemptWatch, preemption, record_preemption
-from onbox.journal import read_all
 from onbox.runs import read_json
+from onbox.sidecar.journal import read_all
 from tests.helpers import REPO, wait_until
 from tests.onbox.test_launch import WAIT_GO, Rig, py
 

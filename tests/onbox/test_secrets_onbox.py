@@ -15,10 +15,10 @@ from typing import Any, Dict, List
 
 import pytest
 
-from onbox.journal import read_all
 from onbox.launch.launcher import RESERVED_ENV, run_launch
 from onbox.launch.secrets import MAX_VALUE_BYTES, maskable, read_secrets, secrets_dir
 from onbox.runs import read_json
+from onbox.sidecar.journal import read_all
 from tests.helpers import wait_until
 from tests.onbox.test_launch import WAIT_GO, Rig, log_line, proc_bytes, py, sha12
 

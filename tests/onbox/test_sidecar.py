@@ -14,7 +14,7 @@ import pytest
 import zmq
 import zmq.auth
 
-from onbox.journal import CURRENT, read_all
+from onbox.sidecar.journal import CURRENT, read_all
 from protocol import (
     ErrorReply,
     Event,

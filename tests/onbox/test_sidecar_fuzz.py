@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import pytest
 import zmq
 
-from onbox.journal import read_all
+from onbox.sidecar.journal import read_all
 from protocol import (
     ErrorReply,
     Hello,

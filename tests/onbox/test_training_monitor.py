@@ -15,8 +15,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 from onbox.errors import ConfigError
-from onbox.jobs import Scheduler
 from onbox.monitors.training import STATE_FILE, TrainingConfig, TrainingMonitor, load_state
+from onbox.sidecar.jobs import Scheduler
 from tests.helpers import Clock
 from tests.helpers import Recorder as BaseRecorder
 
