@@ -19,7 +19,7 @@ import click
 from click.testing import CliRunner
 
 from controller.cli.main import main as rgt_main
-from onbox.cli import main as onbox_main
+from onbox.cli.main import main as onbox_main
 from tests.helpers import citations
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from typing import Any, Iterator, List
 import pytest
 from click.testing import CliRunner
 
-from onbox.cli_pull import close_command
+from onbox.cli.pull import close_command
 from onbox.custody import manifest, pullmanifest
 from onbox.custody.closeout import QUARANTINE_FILE, close_run
 from onbox.custody.gateview import gate_view

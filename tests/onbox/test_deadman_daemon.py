@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, List
 import pytest
 from click.testing import CliRunner
 
-from onbox.cli import main as onbox_main
+from onbox.cli.main import main as onbox_main
 from onbox.deadman.daemon import daemon_pid
 from onbox.deadman.lease import DeadmanPaths, arm, disarm, read_events, read_lease
 from onbox.launch.launcher import LaunchOptions, launch

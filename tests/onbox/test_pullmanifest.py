@@ -11,7 +11,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 from click.testing import CliRunner
 
-from onbox.cli_pull import manifest_command
+from onbox.cli.pull import manifest_command
 from onbox.custody import manifest, pullmanifest
 from onbox.custody.gateview import gate_view
 from onbox.custody.pullmanifest import (

@@ -1,5 +1,5 @@
 """The Xid catalog, classification, the deduper and the `xids` report (onbox/monitors/xid.py,
-onbox/xidreport.py)."""
+onbox/cli/xids.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any, Dict, List
 
 import pytest
 
+from onbox.cli.xids import report, run_xids
 from onbox.monitors.xid import (
     CLASSES,
     SEVERITIES,
@@ -23,7 +24,6 @@ from onbox.monitors.xid import (
     normalize_pci,
     normalize_recovery_action,
 )
-from onbox.xidreport import report, run_xids
 from tests.helpers import Clock
 
 DATA = Path(__file__).parent / "data"

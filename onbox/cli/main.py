@@ -149,7 +149,7 @@ def xids(source: str, as_json: bool) -> None:
     One record per Xid: code, PCI id, pid, class and what to do on a rented box.
     Exit 2 if any Xid means the GPU or box can no longer be trusted.
     """
-    from onbox.xidreport import run_xids
+    from onbox.cli.xids import run_xids
 
     code = run_xids(source, as_json, sys.stdin, sys.stdout, sys.stderr)
     if code:
@@ -416,14 +416,14 @@ def _install_signals(stop: Any) -> None:
 
 
 def _add_pull_commands() -> None:
-    from onbox.cli_pull import close_command, manifest_command
+    from onbox.cli.pull import close_command, manifest_command
 
     main.add_command(manifest_command)
     main.add_command(close_command)
 
 
 def _add_deadman_commands() -> None:
-    from onbox.cli_deadman import deadman_group
+    from onbox.cli.deadman import deadman_group
 
     main.add_command(deadman_group)
 
@@ -437,7 +437,3 @@ def run() -> None:  # pragma: no cover - console entry
         main(standalone_mode=True)
     except KeyboardInterrupt:
         sys.exit(130)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -1,6 +1,6 @@
 """`rgt-onbox manifest` and `rgt-onbox close`: the box half of pull, verify and the teardown gate.
 
-Thin click commands (added to the `rgt-onbox` group by onbox/cli.py): parse, call one function,
+Thin click commands (added to the `rgt-onbox` group by onbox/cli/main.py): parse, call one function,
 render, map errors to exit codes (0 ok, 1 failed closed / refused / quarantined, 2 usage).
 """
 from __future__ import annotations

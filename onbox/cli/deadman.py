@@ -1,6 +1,6 @@
 """`rgt-onbox deadman ...`: the box's dead-man timer (onbox/deadman/lease.py, onbox/deadman/daemon.py).
 
-Thin click commands, added to the `rgt-onbox` group by onbox/cli.py. Each prints a short table, or
+Thin click commands, added to the `rgt-onbox` group by onbox/cli/main.py. Each prints a short table, or
 with --json one JSON object (what the controller reads through ssh). Exit 0 ok, 1 refused or
 failed, 2 bad usage.
 """
