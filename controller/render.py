@@ -100,6 +100,47 @@ def _value(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
+def huge_int_text(value: Any) -> str:
+    """An integer past 64 bits by its size (Python prints none over 4300 digits), else ''."""
+    return f"(an integer of {value.bit_length():,} bits)" if type(value) is int and abs(value) >> 64 else ""
+
+
+def text_of(value: Any) -> str:
+    """str(value) that never raises: a huge integer by its size, anything unprintable by its type."""
+    try:
+        return huge_int_text(value) or str(value)
+    except Exception:  # box data: a list of huge integers, a broken __str__
+        return f"({type(value).__name__})"
+
+
+def number(value: Any) -> str:
+    """1,204 / 0.5123 / NaN / Inf: a value as a person reads it."""
+    if isinstance(value, str) and value.lower() in ("nan", "inf", "+inf", "-inf"):
+        value = float(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "NaN" if math.isnan(value) else ("Inf" if value > 0 else "-Inf")
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return huge_int_text(value) or f"{value:,}"
+    return text_of(value)
+
+
+def seconds(value: Any) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or huge_int_text(value):
+        return f"{huge_int_text(value)} s" if huge_int_text(value) else "?"
+    return f"{value:,.0f} s" if value >= 10 else f"{value:.3g} s"
+
+
+def size(value: Any) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or huge_int_text(value):
+        return f"{huge_int_text(value)} B" if huge_int_text(value) else "?"
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
 def _cut(text: str, width: int) -> str:
     """text, or its first characters and "..." when it is longer than width."""
     return text if len(text) <= width else text[: max(width - len(_ELLIPSIS), 0)] + _ELLIPSIS

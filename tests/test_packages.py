@@ -24,7 +24,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "box": {"store", "install", "runs"},
     "install": {"box", "store", "verify"},
     "follow": {"box", "store", "runs"},
-    "runs": {"store", "wake"},
+    "runs": {"store"},
     "wake": {"store", "runs", "queue"},
     "pull": {"box", "store", "install", "verify"},
     "teardown": {"box", "store", "install", "pull", "runs", "verify"},

@@ -17,9 +17,9 @@ import click
 from controller import render
 from controller.box.ssh import SshError
 from controller.cli.base import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, emit_json
+from controller.render import number, size
 from controller.resume import plan as resume
 from controller.store.db import Store
-from controller.wake.policy import number, size
 
 
 def _plan_rows(plan: resume.Plan) -> List[Tuple[str, str]]:

@@ -25,7 +25,7 @@ import click
 import protocol
 from rgtlib.units import parse_duration
 
-from controller import paths
+from controller import paths, render
 from controller.cli.base import (
     CliError,
     RgtCommand,
@@ -377,7 +377,8 @@ def _show(scope: str, stored: Dict[str, Any], effective: wake.Policy) -> str:
              f"  stored     {stored or 'nothing (inherits)'}",
              f"  min_sev    {e.min_sev}", f"  add        {', '.join(e.add) or '-'}",
              f"  mute       {', '.join(e.mute) or '-'}", f"  quiet      {', '.join(e.quiet) or '-'}",
-             f"  flap       {wake.seconds(e.flap_window_s)}", f"  link       {wake.seconds(e.link_budget_s)}"]
+             f"  flap       {render.seconds(e.flap_window_s)}",
+             f"  link       {render.seconds(e.link_budget_s)}"]
     return "\n".join(printable(line) for line in lines)
 
 

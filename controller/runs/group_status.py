@@ -12,10 +12,9 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from controller.render import local_time, printable, table
+from controller.render import local_time, number, printable, seconds, table
 from controller.runs import groups, life, status
 from controller.store.db import LocalEvent, Store
-from controller.wake.policy import number, seconds
 
 RECENT = 3          # group events listed
 BAD = (life.FAILED, life.PREEMPTED, life.VANISHED)   # node lives that make a failed rank

@@ -17,12 +17,12 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import protocol
 from protocol.metrics import is_metric_name
 
-from controller.render import local_time, printable
-from controller.runs import life
+from controller import kinds
+from controller.render import local_time, number, printable, seconds, size
+from controller.runs import explain, life
 from controller.runs import metrics as metricref
+from controller.runs.explain import AnyEvent
 from controller.store.db import LocalEvent, Store
-from controller.wake import policy as wake
-from controller.wake.policy import AnyEvent, number, seconds, size
 
 PAGE = 5000
 RECENT = 5  # recent problems listed
@@ -63,10 +63,10 @@ def all_events(store: Store, run: str, kind_prefix: Optional[str] = None) -> Ite
 
 
 def _cond_id(event: AnyEvent) -> Tuple[str, str]:
-    base = wake.CLEAR_KINDS.get(event.kind, event.kind)
+    base = kinds.CLEAR_KINDS.get(event.kind, event.kind)
     if base == "sidecar.degraded":
         return base, str(event.data.get("part", ""))
-    return base, wake.identity(event)
+    return base, kinds.identity(event)
 
 
 class _Reader:
@@ -105,16 +105,16 @@ class _Reader:
         for prefix in ENDS.get(ev.kind, ()):
             self.open = {k: v for k, v in self.open.items() if not k[0].startswith(prefix)}
         key = _cond_id(ev)
-        if wake.is_clear(ev):
+        if kinds.is_clear(ev):
             self.open.pop(key, None)
             return
-        if protocol.is_telemetry(ev.kind) or ev.kind in wake.LINK_KINDS or ev.sev == "info":
+        if protocol.is_telemetry(ev.kind) or ev.kind in kinds.LINK_KINDS or ev.sev == "info":
             return
         state = ev.data.get("state")
         if state in ("onset", "escalated") or ev.kind in STICKY:
             since = self.open.get(key, {}).get("since_ts", ev.ts)
             self.open[key] = {"kind": key[0], "ident": key[1], "sev": ev.sev, "since_ts": since,
-                              "age_s": _age(self.now, since), "explain": wake.explain(ev)}
+                              "age_s": _age(self.now, since), "explain": explain.explain(ev)}
         elif ev.kind != "job.exited":
             self.recent = (self.recent + [ev])[-RECENT:]
 
@@ -146,7 +146,7 @@ def link_state(local: Sequence[LocalEvent], now: float, *, ended_ts: Optional[fl
         elif ev.kind == "link.restored":
             state, since = "up", ev.ts
         elif ev.kind == "sidecar.silent" and state != "down":
-            cleared = wake.is_clear(ev)
+            cleared = kinds.is_clear(ev)
             state, since = ("up" if cleared else "silent"), ev.ts
     if state == "unknown" and fresh_ts is not None and now - fresh_ts <= fresh_budget_s:
         return {"state": "up", "since_ts": None, "age_s": None, "by": "box data"}
@@ -205,7 +205,7 @@ def _state(reader: _Reader, link: Mapping[str, Any], run_life: life.Life) -> Tup
     if run_life.ended:
         exited = reader.latest.get("job.exited")
         if run_life.state in (life.FINISHED, life.FAILED, life.VANISHED) and exited is not None:
-            return state_label(run_life), wake.explain(exited, reader.job_started_at)
+            return state_label(run_life), explain.explain(exited, reader.job_started_at)
         return state_label(run_life), run_life.reason
     if stalled is not None:
         state, reason = "stalled", str(stalled["explain"])
@@ -238,7 +238,7 @@ def _gpus(reader: _Reader, now: float) -> Tuple[List[Dict[str, Any]], Dict[str, 
                      "age_s": _age(now, ev.ts)})
     problems = [c for c in reader.open.values() if c["kind"].startswith("gpu.")]
     if problems:
-        worst = max(problems, key=lambda c: wake.severity(str(c["sev"])))
+        worst = max(problems, key=lambda c: kinds.severity(str(c["sev"])))
         health = {"state": worst["sev"], "problems": [c["explain"] for c in problems]}
     else:
         health = {"state": "ok" if rows else "unknown", "problems": []}
@@ -353,7 +353,7 @@ def summarize(store: Store, run: str, ref: Optional[str] = None,
         "disk": _disk(reader, now),
         "open_conditions": sorted(reader.open.values(), key=lambda c: float(c["since_ts"])),
         "recent_problems": [{"kind": e.kind, "sev": e.sev, "ts": e.ts, "age_s": _age(now, e.ts),
-                             "explain": wake.explain(e)} for e in reader.recent],
+                             "explain": explain.explain(e)} for e in reader.recent],
         "link": link, "heartbeat_age_s": _age(now, heartbeat.ts if heartbeat else None),
         "events": {"stored": store.count_events(run_id), "local": len(local), **reader.counts,
                    "cursor": store.cursor(run_id)},

@@ -13,12 +13,11 @@ import shlex
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from controller.queue import model as queue
-from controller.render import printable
-from controller.runs import life
+from controller.render import printable, seconds
+from controller.runs import explain, life
+from controller.runs.explain import AnyEvent, cut, quoted
 from controller.store.db import LocalEvent, Store
 from controller.wake import policy as wake
-from controller.wake.policy import AnyEvent, seconds
-from controller.wake.text import cut, quoted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,13 +109,13 @@ def _from_life(store: Store, run: str, lf: life.Life, t: float, host: Optional[s
         reported = wake.last_woken(key, woken) is not None or wake.absorbed_key(key) in woken
         store.mark_woken(run, wake.mark_key(key, woken))
     if ev is not None and ev.kind == "job.exited":
-        explain = wake.explain(ev, _started_at(store, run, ev), lf, exit_cause(store, run, ev, lf))
-        next_step = wake.next_command(ev, lf, host)
+        said = explain.explain(ev, _started_at(store, run, ev), lf, exit_cause(store, run, ev, lf))
+        next_step = explain.next_command(ev, lf, host)
     else:
-        explain, next_step = cut(lf.reason), f"rgt status {quoted(run)}"
+        said, next_step = cut(lf.reason), f"rgt status {quoted(run)}"
     out: Dict[str, Any] = {
         "exit": 0 if lf.ok else 10, "run": run, "event": wake.envelope(ev) if ev is not None else None,
-        "explain": explain, "next": next_step, "woke_at": t, "already_reported": reported,
+        "explain": said, "next": next_step, "woke_at": t, "already_reported": reported,
         "life": lf.to_dict()}
     if lf.stopped_by:
         out["stopped_by"] = lf.stopped_by

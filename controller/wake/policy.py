@@ -20,7 +20,8 @@ critical, an OOM kill). One made moot by a later, graver event never wakes
 a later pass, an onset by its escalation, a dead-man warning by the firing). The
 dead-man's warnings are keyed by the lease they warn about, not by the renewal
 each late renewal moves. A job exit is judged by controller.runs.life (a stop by
-request is not a failure). What a wake says is in controller.wake.text.
+request is not a failure). What a wake says is in controller.runs.explain; what kinds mean in
+controller.kinds.
 """
 from __future__ import annotations
 
@@ -32,46 +33,24 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import protocol
 
+from controller.kinds import (
+    LINK_KINDS,
+    SUPERSEDED_BY,
+    base_condition,
+    condition_key,
+    condition_kinds,
+    escalation,
+    is_clear,
+    severity,
+)
+from controller.runs.explain import AnyEvent, explain, next_command, stack_lines
 from controller.runs.life import Life
 from controller.store.db import LocalEvent
-from controller.wake.text import (
-    EXPLAIN_MAX,
-    AnyEvent,
-    explain,
-    next_command,
-    number,
-    seconds,
-    signal_name,
-    size,
-    stack_lines,
-    text_of,
-)
 
-# Kinds whose every event is the end of a condition (their onsets are other kinds).
-CLEAR_KINDS: Dict[str, str] = {
-    "gpu.throttle_cleared": "gpu.throttle",
-    "gpu.foreign_memory_cleared": "gpu.foreign_memory",
-    "disk.ok": "disk.low",
-    "mem.ok": "mem.pressure",
-    "job.progressing": "job.stalled",
-    "sidecar.recovered": "sidecar.degraded",
-    "link.restored": "link.lost",
-}
-# Judged by the watch's link budget instead (exit 4), never as a wake of their own.
-LINK_KINDS = ("link.lost", "link.restored")
-# Fields that tell two conditions of one kind apart, in this order (all present ones count).
-IDENT_FIELDS = ("gpu", "name", "path", "resource", "part", "code")
 POLICY_KEYS = ("add", "mute", "min_sev", "quiet", "flap_window_s", "link_budget_s")
 _WINDOW = re.compile(r"^([01]\d|2[0-4]):([0-5]\d)-([01]\d|2[0-4]):([0-5]\d)$")
 _KIND = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\*?$")
-ESCALATING_STATES = ("escalated", "oom_kill")   # data.state values that make a condition graver
-DEADMAN = "deadman."
-# Kinds that end what another kind warned of (see superseded): the warning never wakes after them.
-SUPERSEDED_BY: Dict[str, Tuple[str, ...]] = {
-    "mem.pressure": ("job.exited",),
-    "train.nonfinite": ("job.exited",),
-    "deadman.expiring": ("deadman.firing", "deadman.fired"),
-}
+
 
 
 # ---- the policy -----------------------------------------------------------------
@@ -258,59 +237,6 @@ def last_woken(key: str, woken: Mapping[str, float]) -> Optional[float]:
     """When `key` (or a later mark_key of it) last ended a watch, or None."""
     times = [t for k, t in woken.items() if k == key or k.startswith(key + "#")]
     return max(times) if times else None
-
-
-def deadman_scope(event: AnyEvent, lease: Optional[str]) -> str:
-    """The lease a dead-man event is about: its trigger (lease or budget) and the arm the watch
-    found before it, never the renewal time (each renewal moves it, and a key made of it would
-    wake again at every late renewal)."""
-    trigger = event.data.get("trigger")
-    return f"{trigger if trigger in ('lease', 'budget') else 'lease'}/{lease or 'arm:?'}"
-
-
-def identity(event: AnyEvent, lease: Optional[str] = None) -> str:
-    """What tells two conditions of one kind apart: IDENT_FIELDS, or for the dead-man its lease."""
-    if event.kind.startswith(DEADMAN):
-        return deadman_scope(event, lease)
-    parts = []
-    for name in IDENT_FIELDS:
-        value = event.data.get(name)
-        if value is not None and not isinstance(value, (dict, list)):
-            parts.append(text_of(value))
-    return "/".join(parts)
-
-
-def escalation(event: AnyEvent) -> Optional[str]:
-    """How an event makes its condition graver ("escalated", "oom_kill"), None for an onset or a
-    clear. The dead-man's 5-minute warning escalates its 30-minute one."""
-    state = event.data.get("state")
-    if state in ESCALATING_STATES:
-        return str(state)
-    if event.kind == "deadman.expiring" and event.data.get("minutes_left") == 5:
-        return "escalated"
-    return None
-
-
-def base_condition(event: AnyEvent, lease: Optional[str] = None) -> str:
-    """cond:<kind>:<identity>, whatever the grade (an onset, its escalations and its clears share it)."""
-    return f"cond:{CLEAR_KINDS.get(event.kind, event.kind)}:{identity(event, lease)}"
-
-
-def condition_key(event: AnyEvent, lease: Optional[str] = None) -> str:
-    """cond:<kind>:<identity>; an escalation (warn -> critical, an OOM kill) is a condition of its own."""
-    grade = escalation(event)
-    key = base_condition(event, lease)
-    return f"{key}:{grade}" if grade else key
-
-
-def is_clear(event: AnyEvent) -> bool:
-    return event.kind in CLEAR_KINDS or event.data.get("state") == "cleared"
-
-
-def condition_kinds(kind: str) -> Tuple[str, ...]:
-    """The kinds one condition's events come in: its onset kind, then its clear kinds."""
-    base = CLEAR_KINDS.get(kind, kind)
-    return (base, *sorted(k for k, b in CLEAR_KINDS.items() if b == base))
 
 
 def _position(event: AnyEvent) -> Tuple[int, float]:
@@ -545,17 +471,6 @@ def classify(event: AnyEvent, policy: Policy, now: float, woken: Mapping[str, fl
     return judge(event, policy, now, woken, job_started_at, context).wake
 
 
-def severity(sev: str) -> int:
-    try:
-        return protocol.severity_rank(sev)
-    except KeyError:
-        return 0  # an unknown severity from a newer sidecar: treated as info
-
-
-__all__ = ["ABSORBED", "CLEAR_KINDS", "AnyEvent", "EXPLAIN_MAX", "Context", "Policy", "Verdict", "Wake",
-           "absorbed_key",
-           "after", "base_condition", "check_layer", "classify", "condition_key", "condition_kinds",
-           "deadman_scope", "envelope", "escalation", "event_key", "explain", "finished_cleanly", "identity",
-           "is_clear", "judge", "last_woken", "mark_key", "merged", "next_command", "number", "parse_kinds",
-           "parse_window", "reopened", "seconds", "severity", "signal_name", "size", "stack_lines",
-           "supersede_kinds", "superseded"]
+__all__ = ["ABSORBED", "Context", "Policy", "Verdict", "Wake", "absorbed_key", "after", "check_layer",
+           "classify", "envelope", "event_key", "finished_cleanly", "judge", "last_woken", "mark_key",
+           "merged", "parse_kinds", "parse_window", "reopened", "supersede_kinds", "superseded"]

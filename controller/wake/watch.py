@@ -41,9 +41,11 @@ import logging
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set
 
+from controller import kinds, render
 from controller.runs import group_status as status_group
 from controller.runs import groups
 from controller.runs import status as status_mod
+from controller.runs.explain import AnyEvent, cut
 from controller.store.db import LocalEvent, Store
 from controller.wake import policy as wake
 from controller.wake.ends import (
@@ -55,8 +57,7 @@ from controller.wake.ends import (
     link_record,
     waiting_cells,
 )
-from controller.wake.policy import AnyEvent, Policy
-from controller.wake.text import cut
+from controller.wake.policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ class _Run:
 
     def note(self, ev: AnyEvent) -> None:
         if isinstance(ev, LocalEvent):
-            if ev.kind in wake.LINK_KINDS:
+            if ev.kind in kinds.LINK_KINDS:
                 self.link_lost = ev if ev.kind == "link.lost" else None
             return
         if ev.kind in status_mod.LIFECYCLE:
@@ -231,7 +232,7 @@ def _priority(found: wake.Wake) -> int:
     nothing else woke (exit 0 means nothing material is left unreported)."""
     if found.clean_exit is not None:
         return 3 if not found.clean_exit else -1
-    return wake.severity(str(found.event.get("sev")))
+    return kinds.severity(str(found.event.get("sev")))
 
 
 def _ts(event: AnyEvent) -> float:
@@ -280,12 +281,12 @@ def _bounded(store: Store, ev: AnyEvent, events: List[AnyEvent]) -> List[AnyEven
 
 
 def _boundary(ev: AnyEvent) -> str:
-    return "deadman.armed" if ev.kind.startswith(wake.DEADMAN) else "job.started"
+    return "deadman.armed" if ev.kind.startswith(kinds.DEADMAN) else "job.started"
 
 
 def _lease(store: Store, ev: AnyEvent) -> Optional[str]:
     """The arm a dead-man event is about: the newest deadman.armed stored before it."""
-    if not ev.kind.startswith(wake.DEADMAN) or isinstance(ev, LocalEvent):
+    if not ev.kind.startswith(kinds.DEADMAN) or isinstance(ev, LocalEvent):
         return None
     arms = [e for e in store.events(ev.run, kind_prefix="deadman.armed")
             if e.kind == "deadman.armed" and e.seq < ev.seq]
@@ -312,13 +313,13 @@ class _Watch:
         lived = exit_life(self.store, st.run, ev) if ev.kind == "job.exited" else None
         cause = exit_cause(self.store, st.run, ev, lived) if lived is not None else None
         history = None
-        if ev.kind != "job.exited" and wake.last_woken(wake.condition_key(ev, lease), woken) is not None:
-            history = tuple(e for e in _of_kinds(self.store, ev, wake.condition_kinds(ev.kind))
+        if ev.kind != "job.exited" and wake.last_woken(kinds.condition_key(ev, lease), woken) is not None:
+            history = tuple(e for e in _of_kinds(self.store, ev, kinds.condition_kinds(ev.kind))
                             if wake.after(ev, e))
         others: Sequence[AnyEvent] = ()
-        kinds = wake.supersede_kinds(ev) if full else ()
-        if kinds:
-            others = _bounded(self.store, ev, _of_kinds(self.store, ev, kinds))
+        later = wake.supersede_kinds(ev) if full else ()
+        if later:
+            others = _bounded(self.store, ev, _of_kinds(self.store, ev, later))
         return wake.Context(life=lived, history=history, others=tuple(others), lease=lease, host=st.host,
                             cause=cause)
 
@@ -467,7 +468,7 @@ class _Watch:
                 f"{cell} ({state})" for cell, state in self.waiting.items())
         record: Dict[str, Any] = {
             "exit": EXIT_TIMEOUT, "run": runs[0] if len(runs) == 1 else None, "runs": runs, "event": None,
-            "explain": cut(f"nothing material happened in {wake.seconds(timeout_s)}: {what}"
+            "explain": cut(f"nothing material happened in {render.seconds(timeout_s)}: {what}"
                                           if timeout_s is not None else f"nothing material happened: {what}"),
             "next": again, "status": lines, "timeout_s": timeout_s, "woke_at": t}
         if self.waiting:

@@ -16,7 +16,7 @@ from controller.cli import runs as cli_runs
 from controller.cli import track as cli_track
 from controller.cli import watch as cli_watch
 from controller.follow.watcher import Watcher
-from controller.runs import groups
+from controller.runs import explain, groups
 from controller.store.db import LocalEvent, Store
 from controller.wake import policy as wake
 from controller.wake import watch as watch_mod
@@ -79,7 +79,7 @@ def test_a_failed_node_while_another_runs_is_one_rank_failed_naming_it(box: Box)
     assert [e.kind for e in added] == ["job.rank_failed"] and added[0].sev == "critical"
     d = added[0].data
     assert (d["node"], d["stream"], d["code"], d["waiting"], d["how"]) == ("n1", N1, 1, ["n0"], "code 1")
-    assert wake.explain(added[0]) == "node n1 exited (code 1) while n0 still wait on it"
+    assert explain.explain(added[0]) == "node n1 exited (code 1) while n0 still wait on it"
     assert d["exit_seq"] == exited.seq
     # every later check (each node's watcher runs one) records nothing more
     assert groups.check(box.store, N0) == [] and groups.check(box.store, RUN) == []

@@ -7,9 +7,10 @@ from typing import Any, Dict
 
 import pytest
 
+from controller import render
+from controller.runs import explain
 from controller.store.db import LocalEvent
 from controller.wake import policy as wake
-from controller.wake import text as wake_text
 from controller.wake.policy import Policy, classify, judge
 from protocol import Event
 
@@ -269,7 +270,7 @@ def test_explanations(kind: str, sev: str, data: Dict[str, Any], text: str) -> N
     w = classify(ev(kind, sev, **data), P, NOW, {})
     assert w is not None
     assert text in w.explain
-    assert "\n" not in w.explain and len(w.explain) <= wake.EXPLAIN_MAX
+    assert "\n" not in w.explain and len(w.explain) <= explain.EXPLAIN_MAX
 
 
 def test_hostile_box_text_is_escaped_in_the_explanation_but_raw_in_the_event() -> None:
@@ -284,7 +285,7 @@ def test_hostile_box_text_is_escaped_in_the_explanation_but_raw_in_the_event() -
 
 def test_a_very_long_error_is_cut_to_one_short_line() -> None:
     w = classify(ev("ckpt.sync_failed", "critical", path="a", error="x" * 5000), P, NOW, {})
-    assert w is not None and len(w.explain) == wake.EXPLAIN_MAX and w.explain.endswith("...")
+    assert w is not None and len(w.explain) == explain.EXPLAIN_MAX and w.explain.endswith("...")
 
 
 def test_envelope_is_json_with_non_finite_values_as_on_the_wire() -> None:
@@ -298,10 +299,11 @@ def test_envelope_is_json_with_non_finite_values_as_on_the_wire() -> None:
 def test_a_preemption_wakes_and_points_at_resume() -> None:
     w = classify(ev("job.preempted", signal=15, grace_s=5, pid=9), P, NOW, {})
     assert w is not None and "grace 5 s before SIGKILL" in w.explain
-    assert wake.next_command(ev("job.preempted")) == f"rgt pull {RUN} && rgt resume {RUN} --on box1 --dry-run"
+    assert explain.next_command(ev("job.preempted")) == \
+        f"rgt pull {RUN} && rgt resume {RUN} --on box1 --dry-run"
     exited = ev("job.exited", code=None, signal=15, oom_killed=False, vanished=False, preempted=True)
-    assert "preempted" in wake.explain(exited)
-    assert "rgt resume" in wake.next_command(exited)
+    assert "preempted" in explain.explain(exited)
+    assert "rgt resume" in explain.next_command(exited)
 
 
 def test_a_failed_rank_wakes_naming_the_node() -> None:
@@ -325,10 +327,10 @@ ODD = dict(step=HUGE, value=HUGER, name="loss\ud800", idle_s=HUGE, budget_s=HUGE
            stacks=[{"pid": HUGER, "threads": [{"frames": [HUGER]}]}], reason=HUGER)
 
 
-@pytest.mark.parametrize("kind", sorted(wake_text._TEMPLATES) + ["job.exited", "some.future.kind"])
+@pytest.mark.parametrize("kind", sorted(explain._TEMPLATES) + ["job.exited", "some.future.kind"])
 def test_explain_never_raises_on_odd_stored_data(kind: str) -> None:
-    text = wake.explain(ev(kind, "critical", **ODD), job_started_at=NOW - 100)
-    assert text and "\n" not in text and len(text) <= wake.EXPLAIN_MAX
+    text = explain.explain(ev(kind, "critical", **ODD), job_started_at=NOW - 100)
+    assert text and "\n" not in text and len(text) <= explain.EXPLAIN_MAX
     text.encode("utf-8")  # printable: no lone surrogate reaches the terminal
     w = classify(ev(kind, "critical", **ODD), P, NOW, {})
     if w is not None:
@@ -336,14 +338,14 @@ def test_explain_never_raises_on_odd_stored_data(kind: str) -> None:
 
 
 def test_huge_numbers_are_shown_by_their_size() -> None:
-    assert wake.number(HUGE) == "(an integer of 1,329 bits)"
-    assert wake.seconds(HUGER) == "(an integer of 16,610 bits) s"
-    assert wake.size(-HUGE) == "(an integer of 1,329 bits) B"
-    assert wake.number((1 << 64) - 1) == "18,446,744,073,709,551,615"
-    assert wake.signal_name(HUGE) == "(an integer of 1,329 bits)"
-    assert wake.explain(ev("train.nonfinite", "critical", **{**NAN, "step": HUGE})) == (
+    assert render.number(HUGE) == "(an integer of 1,329 bits)"
+    assert render.seconds(HUGER) == "(an integer of 16,610 bits) s"
+    assert render.size(-HUGE) == "(an integer of 1,329 bits) B"
+    assert render.number((1 << 64) - 1) == "18,446,744,073,709,551,615"
+    assert explain.signal_name(HUGE) == "(an integer of 1,329 bits)"
+    assert explain.explain(ev("train.nonfinite", "critical", **{**NAN, "step": HUGE})) == (
         "loss is NaN at step (an integer of 1,329 bits) (metrics)")
-    assert wake.explain(ev("job.exited", "warn", code=HUGER)) == (
+    assert explain.explain(ev("job.exited", "warn", code=HUGER)) == (
         "the job exited with code (an integer of 16,610 bits)")
 
 
@@ -360,4 +362,4 @@ class Unreadable(dict):  # type: ignore[type-arg]
 @pytest.mark.parametrize("kind", ["some.future.kind", "gpu.xid", "job.exited"])
 def test_explain_of_data_it_cannot_show_says_so(kind: str) -> None:
     odd = Event(run=RUN, host="box1", seq=1, ts=NOW, kind=kind, sev="warn", data=Unreadable())
-    assert wake.explain(odd) == f"{kind} (warn): its data could not be shown (RuntimeError)"
+    assert explain.explain(odd) == f"{kind} (warn): its data could not be shown (RuntimeError)"

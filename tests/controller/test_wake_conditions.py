@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.runs import life
+from controller import kinds
+from controller.runs import explain, life
 from controller.store.db import LocalEvent
 from controller.wake import policy as wake
 from controller.wake.policy import Context, Policy, judge
@@ -83,7 +84,7 @@ def test_an_escalation_wakes_even_while_its_onset_is_open() -> None:
     assert verdict(worse, woken, [onset]) == "wake"
     woken.update({"seq:5": NOW, "cond:mem.pressure::escalated": NOW})
     assert verdict(oom, woken, [onset, worse]) == "wake"
-    assert wake.condition_key(oom) == "cond:mem.pressure::oom_kill"
+    assert kinds.condition_key(oom) == "cond:mem.pressure::oom_kill"
 
 
 # ---- superseded by a graver event -----------------------------------------------------------
@@ -153,9 +154,9 @@ def expiring(seq: int, renewed_at: float, minutes: int, trigger: str = "lease") 
 
 def test_dead_man_warnings_are_keyed_by_the_lease_not_by_each_renewal() -> None:
     first, after_renewal = expiring(10, 1000.0, 30), expiring(20, 5000.0, 30)
-    assert wake.condition_key(first, "arm:3") == wake.condition_key(after_renewal, "arm:3")
-    assert wake.condition_key(first, "arm:3") != wake.condition_key(first, "arm:9")
-    woken = {"seq:10": NOW - 7200, wake.condition_key(first, "arm:3"): NOW - 7200}
+    assert kinds.condition_key(first, "arm:3") == kinds.condition_key(after_renewal, "arm:3")
+    assert kinds.condition_key(first, "arm:3") != kinds.condition_key(first, "arm:9")
+    woken = {"seq:10": NOW - 7200, kinds.condition_key(first, "arm:3"): NOW - 7200}
     assert verdict(after_renewal, woken, [first], lease="arm:3") == "open"
     # a new arm is a new lease: it warns again
     assert verdict(after_renewal, woken, [first], lease="arm:9") == "wake"
@@ -165,9 +166,9 @@ def test_dead_man_warnings_are_keyed_by_the_lease_not_by_each_renewal() -> None:
 
 def test_the_five_minute_warning_escalates_once_per_lease_and_supersedes_the_thirty() -> None:
     t30, t5 = expiring(10, 1000.0, 30), expiring(11, 1000.0, 5)
-    assert wake.condition_key(t5, "arm:3") == wake.condition_key(t30, "arm:3") + ":escalated"
+    assert kinds.condition_key(t5, "arm:3") == kinds.condition_key(t30, "arm:3") + ":escalated"
     assert verdict(t30, others=[t30, t5], lease="arm:3") == "superseded"
-    woken = {"seq:11": NOW - 9000, wake.condition_key(t5, "arm:3"): NOW - 9000}
+    woken = {"seq:11": NOW - 9000, kinds.condition_key(t5, "arm:3"): NOW - 9000}
     late = expiring(31, 9000.0, 5)          # renewed late again: the same lease's escalation
     assert verdict(late, woken, [t30, t5], lease="arm:3") == "open"
 
@@ -176,7 +177,7 @@ def test_the_expiry_itself_still_wakes_and_supersedes_its_warnings() -> None:
     t5 = expiring(11, 1000.0, 5)
     fired = ev(12, "deadman.fired", "critical", action="notify", outcome="notified", deadman_seq=12)
     assert verdict(t5, others=[t5, fired], lease="arm:3") == "superseded"
-    woken = {"seq:11": NOW, wake.condition_key(t5, "arm:3"): NOW}
+    woken = {"seq:11": NOW, kinds.condition_key(t5, "arm:3"): NOW}
     assert verdict(fired, woken, [], lease="arm:3") == "wake"
 
 
@@ -234,14 +235,14 @@ def test_without_a_life_an_exit_is_judged_as_before() -> None:
                              "deadman.expiring", "verify.done", "sidecar.degraded"]))
 def test_every_next_command_is_one_line_a_shell_splits_back_to_the_run_id(run: str, kind: str) -> None:
     event = ev(5, kind, run=run, code=1)
-    text = wake.next_command(event, host="box 1")
+    text = explain.next_command(event, host="box 1")
     assert "\n" not in text and ", then" not in text
     words = shlex.split(text)
     assert words[0] == "rgt" and run in words
 
 
 def test_next_commands_quote_an_id_the_shell_would_misread() -> None:
-    assert shlex.split(wake.next_command(ev(5, "job.exited", run=ODD, code=1))) == [
+    assert shlex.split(explain.next_command(ev(5, "job.exited", run=ODD, code=1))) == [
         "rgt", "status", ODD, "&&", "rgt", "pull", ODD]
 
 
@@ -252,4 +253,4 @@ def test_a_job_that_vanished_in_a_reboot_says_so() -> None:
     assert found is not None and found.clean_exit is False and lived.state == "vanished"
     assert "the box rebooted under it" in found.explain
     plain = ev(9, "job.exited", code=None, vanished=True, evidence={"rebooted": False})
-    assert "rebooted" not in wake.explain(plain)
+    assert "rebooted" not in explain.explain(plain)

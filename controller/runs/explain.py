@@ -1,70 +1,29 @@
-"""What a wake says: one printable line about an event, and the command to run next.
+"""What an event says to a person: one printable line about it, and the command to run next. The
+wake's text (controller.wake.policy) and the run's status (controller.runs.status) both say it so.
 
-Split from controller.wake.policy (which re-exports all of it) so the policy and the judgement stay
-short. Box data is printed through render.printable and cut to one line: a hostile path or
+Box data is printed through render.printable and cut to one line: a hostile path or
 error text can neither move the cursor nor add lines. Every `next` is one line a shell can
 run as it is: run ids and host names are shlex-quoted, and two steps are joined by `&&`.
 """
 from __future__ import annotations
 
-import math
 import shlex
 import signal
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import protocol
 
-from controller.render import printable, summarize
+from controller.render import huge_int_text, number, printable, seconds, size, summarize, text_of
 from controller.runs import life as life_mod
 from controller.store.db import LocalEvent
 
 AnyEvent = Union[protocol.Event, LocalEvent]
+
 EXPLAIN_MAX = 240
 
 
-def _huge(value: Any) -> str:
-    """An integer past 64 bits by its size (Python prints none over 4300 digits), else ''."""
-    return f"(an integer of {value.bit_length():,} bits)" if type(value) is int and abs(value) >> 64 else ""
-
-
-def text_of(value: Any) -> str:
-    """str(value) that never raises: a huge integer by its size, anything unprintable by its type."""
-    try:
-        return _huge(value) or str(value)
-    except Exception:  # box data: a list of huge integers, a broken __str__
-        return f"({type(value).__name__})"
-
-
-def number(value: Any) -> str:
-    """1,204 / 0.5123 / NaN / Inf: a value as a person reads it."""
-    if isinstance(value, str) and value.lower() in ("nan", "inf", "+inf", "-inf"):
-        value = float(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return "NaN" if math.isnan(value) else ("Inf" if value > 0 else "-Inf")
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return _huge(value) or f"{value:,}"
-    return text_of(value)
-
-
-def seconds(value: Any) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or _huge(value):
-        return f"{_huge(value)} s" if _huge(value) else "?"
-    return f"{value:,.0f} s" if value >= 10 else f"{value:.3g} s"
-
-
-def size(value: Any) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or _huge(value):
-        return f"{_huge(value)} B" if _huge(value) else "?"
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f} {unit}"
-    return f"{value:.0f} B"
-
-
 def signal_name(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and not _huge(value):
+    if isinstance(value, int) and not isinstance(value, bool) and not huge_int_text(value):
         try:
             return f"{value} ({signal.Signals(value).name})"
         except ValueError:
@@ -295,5 +254,5 @@ def next_command(event: AnyEvent, life: Optional[life_mod.Life] = None, host: Op
     return f"rgt status {run}"
 
 
-__all__ = ["AnyEvent", "EXPLAIN_MAX", "cut", "explain", "next_command", "number", "quoted", "resume_command",
-           "text_of", "seconds", "signal_name", "size", "stack_lines"]
+__all__ = ["AnyEvent", "EXPLAIN_MAX", "cut", "explain", "next_command", "quoted", "resume_command",
+           "signal_name", "stack_lines"]
