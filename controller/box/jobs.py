@@ -19,9 +19,8 @@ from rgtlib.units import human_bytes
 
 from controller import trust as boxtrust
 from controller.box import codesync
+from controller.box.handle import Box, BoxError
 from controller.box.ssh import LocalShell, Ssh, SshError
-from controller.install import onbox as install
-from controller.install.onbox import InstallError, check_version, host_record, onbox_command
 from controller.output import error_tail, last_json_object
 from controller.paths import LOCAL
 from controller.runs import life, status
@@ -29,22 +28,13 @@ from controller.store.db import AmbiguousRun, RunNotFound, Store
 
 Shell = Union[Ssh, LocalShell]
 STOP_ANSWER_KIND = life.STOP_ANSWER_KIND   # the box's answer to a recorded stop request
-__all__ = ["LOCAL", "STOP_ANSWER_KIND", "BoxError", "Code", "host_record", "launch", "new_run_id",
-           "onbox_command", "recorded", "run_state", "shell_for", "stop"]
-
-
-class BoxError(Exception):
-    """The box could not do what was asked; `hint` is the next step for a person."""
-
-    def __init__(self, message: str, hint: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+__all__ = ["LOCAL", "STOP_ANSWER_KIND", "BoxError", "Code", "launch", "new_run_id", "recorded", "run_state",
+           "shell_for", "stop"]
 
 
 def shell_for(store: Store, name: str) -> Shell:
     """The shell that reaches host NAME (`local`: this machine)."""
-    return install.shell_for(install.host_record(store, name))
+    return Box.of(store, name).shell
 
 
 def _json_answer(out: Any, what: str) -> Dict[str, Any]:
@@ -164,14 +154,12 @@ def launch(store: Store, host: str, command: Sequence[str], *, run_id: Optional[
     to it. The run is recorded in the store with its host and directory, and what the laptop asked
     for (Store.record_launch, what `rgt resume` re-runs), before anything follows it.
     """
-    record = host_record(store, host)
+    box = Box.of(store, host)
+    record = box.record
     asked = _run_id_for(store, host, run_id, relaunch)
-    shell = shell_for(store, host)
-    onbox = onbox_command(store, host)
-    try:
-        check_version(shell, onbox, host)
-    except InstallError as e:
-        raise BoxError(e.message, e.hint) from e
+    shell = box.shell
+    onbox = box.onbox
+    box.check_version()  # VersionMismatch, OnboxNotFound: BoxError
     code = code or Code()
     root = root or (str(record["root"]) if record.get("root") else None)
     synced: Optional[Dict[str, Any]] = None
@@ -227,7 +215,7 @@ def stop(store: Store, run: str, grace: str = "30s", by: str = "rgt stop") -> Di
     if not now_life.ended or now_life.state == life.LOST:
         asked = store.add_local_event(run_id, life.STOP_KIND, "info", {"by": by, "grace": grace})
     try:
-        out, _ = install.run_onbox(store, host, ["stop", "--json", "--grace", grace, str(info["run_dir"])])
+        out, _ = Box.of(store, host).run_onbox(["stop", "--json", "--grace", grace, str(info["run_dir"])])
     except SshError as e:
         raise BoxError(e.message, e.hint) from e
     answer = _json_answer(out, "rgt-onbox stop")

@@ -14,6 +14,7 @@ from typing import Iterator, Optional, Tuple
 import click
 
 from controller.box import secrets
+from controller.box.handle import Box, BoxError
 from controller.box.ssh import Shell, SshError
 from controller.cli.base import JSON_OPTION, CliError, RgtCommand, RgtGroup, emit_json
 from controller.cli.progress import ProgressMeter
@@ -30,7 +31,7 @@ def _problems() -> Iterator[None]:
     """The package's own errors as `error:` / `hint:` lines."""
     try:
         yield
-    except (installer.InstallError, BuildError, SshError, secrets.SecretError) as e:
+    except (BoxError, BuildError, SshError, secrets.SecretError) as e:  # BoxError: InstallError too
         raise CliError(e.message, e.hint) from e
 
 
@@ -95,7 +96,7 @@ def secret_group() -> None:
 
 
 def _shell(store: Store, host: str) -> Shell:
-    return installer.shell_for(installer.host_record(store, host))
+    return Box.of(store, host).shell
 
 
 @secret_group.command("push")

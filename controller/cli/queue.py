@@ -171,7 +171,7 @@ def queue_group() -> None:
 def start_command(file: Path, hosts: Sequence[str], name: Optional[str], max_attempts: int,
                   link_budget_s: float, onbox_args: Sequence[str], foreground: bool, as_json: bool) -> None:
     """Run FILE's commands (one per line) over HOSTS. `rgt queue FILE ...` is the same."""
-    from controller.install.onbox import host_record
+    from controller.box.handle import host_record
 
     try:
         commands = q.parse_commands(file.read_text(encoding="utf-8"), str(file))

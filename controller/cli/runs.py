@@ -14,10 +14,10 @@ from rgtlib.units import parse_size
 
 from controller import render
 from controller.box import jobs as boxes
+from controller.box.handle import Box, host_record
 from controller.box.jobs import LOCAL, BoxError
 from controller.box.ssh import Ssh, SshError
 from controller.cli.base import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, RgtGroup, emit_json
-from controller.install import onbox as install
 from controller.store.db import Store
 
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -53,7 +53,7 @@ def hosts_group(ctx: click.Context, as_json: bool) -> None:
     if ctx.invoked_subcommand is not None:
         return
     with Store.open() as store:
-        rows = [boxes.host_record(store, LOCAL), *store.hosts()]
+        rows = [host_record(store, LOCAL), *store.hosts()]
     if as_json:
         emit_json({"hosts": rows})
         return
@@ -105,7 +105,8 @@ def hosts_check(ctx: click.Context, name: str, as_json: bool) -> None:
     ("reachable": false, with the error and its hint; the exit is 1 then)."""
     as_json = as_json or bool(ctx.parent is not None and ctx.parent.params.get("as_json"))
     with Store.open() as store:
-        shell = boxes.shell_for(store, name)
+        box = Box.of(store, name)
+        shell = box.shell
         try:
             if isinstance(shell, Ssh):
                 shell.start_master()
@@ -113,8 +114,8 @@ def hosts_check(ctx: click.Context, name: str, as_json: bool) -> None:
                             timeout_s=30)
             lines = out.stdout.decode(errors="replace").splitlines()
             try:
-                version = install.check_version(shell, boxes.onbox_command(store, name), name)
-            except install.InstallError as e:
+                version = box.check_version()
+            except BoxError as e:
                 version = f"not usable: {e.message}"
         except SshError as e:
             if as_json:
@@ -182,7 +183,7 @@ def launch_command(host: str, command: Sequence[str], profile: Optional[str], ru
     except ValueError as e:
         raise CliError(f"--code-limit: {e}") from e
     with Store.open() as store:
-        record = boxes.host_record(store, host)
+        host_profile = Box.of(store, host).profile
         try:
             answer = boxes.launch(store, host, command, run_id=run_id, profile=profile, root=root,
                                   project=project, onbox_args=onbox_args,
@@ -190,7 +191,7 @@ def launch_command(host: str, command: Sequence[str], profile: Optional[str], ru
                                   progress=lambda line: click.echo(render.printable(line), err=True))
         except (BoxError, SshError) as e:
             raise _box_error(e) from e
-        _notice(store, profile or str(record.get("profile") or ""))
+        _notice(store, profile or host_profile)
         watcher_pid = None
         if not no_watch:
             from controller.follow.watcher import ensure_watcher

@@ -15,9 +15,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import click
 
 from controller import render
+from controller.box.handle import Box
 from controller.box.ssh import SshError
 from controller.cli.base import JSON_OPTION, CliError, RgtCommand, emit_json
-from controller.install import onbox as install
 from controller.output import error_tail
 from controller.runs import groups
 from controller.store.db import Store
@@ -33,11 +33,12 @@ class Stream:
     state: str        # as the box's `rgt-onbox ps` says (running, exited, ...)
 
 
-def ask_box(store: Store, host: str, run: str, root: Optional[str]) -> List[Stream]:
-    """RUN's streams on HOST: `rgt-onbox ps --json --run RUN` there."""
+def ask_box(store: Store, host: str, run: str, root: Optional[str],
+            box: Optional[Box] = None) -> List[Stream]:
+    """RUN's streams on HOST: `rgt-onbox ps --json --run RUN` there (through `box`: HOST's handle)."""
     args = ["ps", "--json", "--run", run] + (["--root", root] if root else [])
     try:
-        done, answer = install.run_onbox(store, host, args, timeout_s=60)
+        done, answer = (box or Box.of(store, host)).run_onbox(args, timeout_s=60)
     except SshError as e:
         raise CliError(e.message, e.hint) from e
     if done.returncode != 0 or answer is None or not isinstance(answer.get("runs"), list):
@@ -68,8 +69,8 @@ def track(store: Store, host: str, run: str, *, root: Optional[str] = None,
           nodes: Sequence[str] = (), watch: bool = True) -> Dict[str, Any]:
     """Record RUN's streams on HOST and (with `watch`) start their watchers; what `rgt track
     --json` prints."""
-    record = install.host_record(store, host)
-    streams = ask_box(store, host, run, root or (str(record.get("root") or "") or None))
+    box = Box.of(store, host)
+    streams = ask_box(store, host, run, root or (str(box.record.get("root") or "") or None), box)
     if nodes:
         streams = [s for s in streams if s.node in nodes]
     if not streams:

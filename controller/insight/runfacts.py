@@ -25,8 +25,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set,
 from protocol import metrics as schema
 
 from controller import paths
+from controller.box.handle import Box
 from controller.box.ssh import LocalShell, Ssh, SshError
-from controller.install import onbox as install
 from controller.store.db import Store
 
 if sys.version_info >= (3, 11):
@@ -271,7 +271,7 @@ def _stored(store: Store, info: Dict[str, Any], label: Optional[str],
     if host == paths.LOCAL:
         return load_dir(Path(run_dir), label or run_id, with_siblings=False)
     if host not in shells:
-        shells[host] = install.shell_for(install.host_record(store, host))
+        shells[host] = Box.of(store, host).shell
     return load_remote(shells[host], host, run_dir, label or run_id)
 
 

@@ -23,7 +23,7 @@ Steps, each reported on `progress` (stderr in the CLI):
            (.rgt-install.json) and in the store (Store.set_installed).
 
 Idempotent: when the venv's record names our version and wheel hash, steps 4-6 do nothing and
-step 7 still runs. Also here: onbox_command() and check_version() for commands that run rgt-onbox.
+step 7 still runs. Reaching the box and the version check are controller.box.handle's.
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ from rgtlib.units import human_bytes
 
 from controller import paths
 from controller.box import probe as boxprobe
-from controller.box.ssh import LocalShell, Shell, Ssh, ssh_config_file
+from controller.box.handle import Box, BoxError, VersionMismatch, check_version
+from controller.box.ssh import LocalShell, Shell, Ssh
 from controller.install import build
 from controller.install.wheels import (
     Requirement,
@@ -55,36 +56,20 @@ from controller.install.wheels import (
     python_admits,
     resolve,
 )
-from controller.output import last_json_object
-from controller.paths import LOCAL
 from controller.render import printable
-from controller.store.db import HostNotFound, Store
+from controller.store.db import Store
 from controller.verify.identity import hash_file
 
 DEFAULT_VENV = "~/.rgt/venv"
 WHEELS_DIR = "~/.rgt/wheels"
-_VERSION_OUT = re.compile(r"version\s+(\S+)")
 _MISSING_DIST = re.compile(r"No matching distribution found for ([^\s(]+)")
 # Shipped when a wheel for the box exists (or downloads): the sidecar dumps a hung job's stacks with it.
 OPTIONAL = (Requirement.parse("py-spy>=0.3"),)
 Progress = Callable[[str], None]
 
 
-class InstallError(Exception):
+class InstallError(BoxError):
     """The install cannot go on; `hint` is the next step for a person."""
-
-    def __init__(self, message: str, hint: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-
-
-class VersionMismatch(InstallError):
-    """rgt-onbox on the box is another version than this controller (or not there at all)."""
-
-
-class OnboxNotFound(VersionMismatch):
-    """rgt-onbox does not run on the box."""
 
 
 @dataclasses.dataclass
@@ -116,68 +101,6 @@ class InstallResult:
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-# ---- reaching the box and rgt-onbox on it -------------------------------------------------------
-
-
-def host_record(store: Store, name: str) -> Dict[str, Any]:
-    """The stored host; `local` (this machine, no ssh) exists even when not stored."""
-    try:
-        return store.host(name)
-    except HostNotFound:
-        if name != LOCAL:
-            raise
-        return {"name": LOCAL, "ssh": "", "profile": "local", "onbox": "", "root": "", "installed": {}}
-
-
-def shell_for(host: Dict[str, Any]) -> Union[Ssh, LocalShell]:
-    if host["name"] == LOCAL:
-        return LocalShell()
-    return Ssh(str(host["ssh"]), control_dir=paths.state_dir() / "ssh", config_file=ssh_config_file())
-
-
-def onbox_command(store: Store, host_name: str) -> str:
-    """Shell text that runs rgt-onbox on the box: the installed one, else the host's `onbox`
-    setting (used as written: it may be `~/venv/bin/rgt-onbox`), else `rgt-onbox` on PATH.
-    For `local` without an install record, this controller's own Python runs it."""
-    host = host_record(store, host_name)
-    installed = host.get("installed") or {}
-    if installed.get("onbox"):
-        return shlex.quote(str(installed["onbox"]))
-    if host.get("onbox"):
-        return str(host["onbox"])
-    if host_name == LOCAL:
-        return shlex.join([sys.executable, "-m", "onbox.cli"])
-    return "rgt-onbox"
-
-
-def run_onbox(store: Store, host_name: str, args: Sequence[str],
-              timeout_s: float = 120) -> Tuple[subprocess.CompletedProcess[bytes], Optional[Dict[str, Any]]]:
-    """Run `rgt-onbox ARGS` on the host (every word quoted) and return the finished process and
-    the JSON object it answered with (its last JSON line; None when there is none). SshError
-    passes through: the link, not the box."""
-    line = f"{onbox_command(store, host_name)} {shlex.join(list(args))}"
-    done = shell_for(host_record(store, host_name)).run(line, check=False, timeout_s=timeout_s)
-    return done, last_json_object(done.stdout)
-
-
-def check_version(remote_shell: Shell, onbox_cmd: str, host: Optional[str] = None) -> str:
-    """The version of rgt-onbox on the box; VersionMismatch (OnboxNotFound when it does not run)
-    unless it is exactly this controller's. SshError passes through (the link, not the box)."""
-    name = host or remote_shell.alias
-    done = remote_shell.run(f"{onbox_cmd} --version", check=False, timeout_s=60)
-    found = _VERSION_OUT.search(done.stdout.decode("utf-8", "replace"))
-    if done.returncode != 0 or found is None:
-        err = [ln.strip() for ln in done.stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
-        raise OnboxNotFound(
-            f"rgt-onbox does not run on {name} ({onbox_cmd}: exit {done.returncode}"
-            f"{': ' + printable(err[-1][:200]) if err else ''})", hint=f"rgt install {name}")
-    version = printable(found.group(1))
-    if version != PACKAGE_VERSION:
-        raise VersionMismatch(f"{name} has rgt-onbox {version}, but this rgt is {PACKAGE_VERSION}",
-                              hint=f"rgt install {name}")
-    return version
 
 
 def _word(path: str) -> str:
@@ -408,11 +331,12 @@ def _escaped(progress: Progress) -> Progress:
 def install(store: Store, host_name: str, opts: InstallOptions, *, progress: Progress = print,
             shell: Optional[Union[Ssh, LocalShell]] = None,
             clock: Callable[[], float] = time.time) -> InstallResult:
-    """Put this version on the box (see the module doc). Raises InstallError, BuildError, SshError.
-    Each progress line is escaped before `progress` sees it."""
+    """Put this version on the box (see the module doc). Raises InstallError, VersionMismatch (both
+    BoxError), BuildError, SshError. Each progress line is escaped before `progress` sees it."""
     began = time.monotonic()
     progress = _escaped(progress)
-    host = host_record(store, host_name)
+    target = Box.of(store, host_name, shell)
+    host = target.record
     if opts.wheel is not None:
         built = build.given_wheel(opts.wheel)
         progress(f"build: using {built.path}")
@@ -423,7 +347,7 @@ def install(store: Store, host_name: str, opts: InstallOptions, *, progress: Pro
     ours = Wheel.from_path(built.path)
     ours_sha = _sha256(ours.path)
     python = _python_for(host, opts.python)
-    shell = shell or shell_for(host)
+    shell = target.shell
     with _session(shell):
         box = _probe(shell, python, opts.venv or DEFAULT_VENV, host_name)
         _check_python(box, ours, python, host_name)
@@ -466,5 +390,4 @@ def _record(store: Store, host_name: str, installed: Dict[str, Any]) -> bool:
     return True
 
 
-__all__ = ["DEFAULT_VENV", "InstallError", "InstallOptions", "InstallResult", "OnboxNotFound",
-           "VersionMismatch", "check_version", "host_record", "install", "onbox_command", "shell_for"]
+__all__ = ["DEFAULT_VENV", "InstallError", "InstallOptions", "InstallResult", "install"]

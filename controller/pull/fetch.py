@@ -51,8 +51,8 @@ from protocol.pull import check_manifest
 
 from controller import pidlock
 from controller import trust as boxtrust
+from controller.box.handle import Box
 from controller.box.ssh import LocalShell, Ssh, SshError, classify
-from controller.install import onbox as install
 from controller.output import error_tail, last_json_object
 from controller.pull.stage import (
     MANIFEST_REL,
@@ -304,12 +304,13 @@ def _fetch(shell: Shell, where: str, staging: Path, entries: Dict[str, Entry], e
     return resumed, stats, code, stderr
 
 
-def _pull_once(store: Store, shell: Shell, run_id: str, host: str, run_dir: str, target: Path,
+def _pull_once(box: Box, run_id: str, run_dir: str, target: Path,
                bwlimit: Optional[str], on_progress: Callable[[Progress], None], clock: Callable[[], float]
                ) -> Tuple[Dict[str, Any], int, Dict[str, int], Optional[Path]]:
     """One attempt: (manifest doc, resumed bytes, rsync stats, where an earlier pull was kept)."""
+    shell, host = box.shell, box.name
     need_rsync(shell, host, run_id)
-    doc, raw, where = box_manifest(shell, install.onbox_command(store, host), run_dir, run_id)
+    doc, raw, where = box_manifest(shell, box.onbox, run_dir, run_id)
     if doc["run_id"] != run_id:
         raise PullError(f"refused the box's manifest: it says {run_dir} holds run {doc['run_id'][:80]!r}, "
                         f"not {run_id}", hint="nothing was copied")
@@ -345,11 +346,12 @@ def pull(store: Store, run: str, dest: Optional[Path] = None, *, bwlimit: Option
     if not host or not run_dir:
         raise PullError(f"run {run_id} was not launched through rgt: no host or run directory known")
     target = destination(run_id, run_dir, dest)
-    shell = shell or install.shell_for(install.host_record(store, host))
+    box = Box.of(store, host, shell)
+    shell = box.shell
     for attempt in range(1, _ATTEMPTS + 1):
         riding = isinstance(shell, Ssh) and shell.master_pid() is not None
         try:
-            doc, resumed, stats, previous = _pull_once(store, shell, run_id, host, run_dir, target, bwlimit,
+            doc, resumed, stats, previous = _pull_once(box, run_id, run_dir, target, bwlimit,
                                                        on_progress or (lambda p: None), clock)
             break
         except (PullError, SshError) as e:

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from controller import trust as boxtrust
+from controller.box.handle import Box
 from controller.box.ssh import SshError
 from controller.errors import StoreError
-from controller.install import onbox as install
 from controller.paths import LOCAL
 
 REDACTED = "***"  # what the box's launcher writes in run.json where a secret-looking value was
@@ -99,7 +99,7 @@ def run_doc(store: Any, info: Mapping[str, Any], dirs: Sequence[Path]) -> Dict[s
     if not info.get("target") or not info.get("run_dir"):
         return {}
     try:
-        shell = install.shell_for(install.host_record(store, str(info["target"])))
+        shell = Box.of(store, str(info["target"])).shell
         path_there = shlex.quote(str(info["run_dir"]) + "/run.json")
         done = shell.run(f"head -c {MAX_RUN_JSON_BYTES} -- {path_there}", check=False, timeout_s=30)
         doc = json.loads(done.stdout) if done.returncode == 0 else None

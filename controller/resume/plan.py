@@ -50,9 +50,8 @@ from protocol.pull import is_temporary
 from rgtlib.hashing import unit_digest
 
 from controller import trust as boxtrust
+from controller.box.handle import Box, BoxError
 from controller.box.ssh import LocalShell, Ssh, SshError
-from controller.install import onbox as install
-from controller.install.onbox import InstallError
 from controller.output import error_tail, last_json_object
 from controller.paths import LOCAL
 from controller.pull.stage import sha256_of
@@ -381,11 +380,11 @@ def remote_facts(shell: Shell, root: Optional[str], cwd: str, in_root: bool = Fa
     return posixpath.normpath(lines[-2]), lines[-1] == "cwd=yes"
 
 
-def durable_roots(store: Store, host: str, doc: Dict[str, Any]) -> List[str]:
-    """The durable dirs a checkpoint copy may sit in: HOST's profile's, and the old run's own."""
+def durable_roots(box: Box, doc: Dict[str, Any]) -> List[str]:
+    """The durable dirs a checkpoint copy may sit in: the box's profile's, and the old run's own."""
     roots: List[str] = []
-    name = str(install.host_record(store, host).get("profile") or "")
-    if name and host != LOCAL:
+    name = box.profile
+    if name and box.name != LOCAL:
         try:
             found = profiles.load(name, profiles.directory()).scripts.durable_dir
         except profiles.ProfileError:
@@ -428,7 +427,8 @@ def make_plan(store: Store, run: str, host: str, opts: Options, shell: Optional[
     """Everything `rgt resume` will do, decided; nothing is pushed or started (see the module doc)."""
     info = store.run(run)
     run_id = str(info["run"])
-    record = install.host_record(store, host)
+    box = Box.of(store, host, shell)
+    record = box.record
     dirs = pulled_dirs(store, run_id)
     doc = run_doc(store, info, dirs)
     what = decide(info, doc, host, opts.command, opts.cwd)
@@ -436,7 +436,7 @@ def make_plan(store: Store, run: str, host: str, opts: Options, shell: Optional[
     new_id = _new_id(store, opts.run_id)
     candidates, finite_notes = without_nonfinite(store, run_id, custody(store, run_id, dirs),
                                                  opts.allow_nonfinite)
-    shell = shell or install.shell_for(record)
+    shell = box.shell
     root, cwd_there = remote_facts(shell, opts.root or str(record.get("root") or "") or None, what.cwd,
                                    what.in_root)
     cwd = f"{root}/{what.cwd}" if what.in_root else what.cwd
@@ -444,7 +444,7 @@ def make_plan(store: Store, run: str, host: str, opts: Options, shell: Optional[
         code = " (the tree rgt launch --code synced)" if what.code_dir else ""
         raise ResumeError(f"the command's directory {cwd} does not exist on {host}",
                           hint=f"push the code there with --code DIR{code}, or run elsewhere with --cwd DIR")
-    finder = Finder(dirs, durable_roots(store, host, doc), _visible(shell))
+    finder = Finder(dirs, durable_roots(box, doc), _visible(shell))
     ck, source, local = choose(candidates, finder, run_id, opts.checkpoint)
     run_dir = f"{root}/{project}/active/{new_id}"
     there = ck.durable if source == "durable" and ck.durable else \
@@ -504,13 +504,14 @@ def launch_record(plan: Plan, record: Mapping[str, Any]) -> Dict[str, Any]:
 
 def execute(store: Store, plan: Plan, shell: Optional[Shell] = None) -> Dict[str, Any]:
     """Push, launch, record; the launcher's JSON answer with host, resumed_from and checkpoint added."""
-    record = install.host_record(store, plan.host)
-    shell = shell or install.shell_for(record)
-    onbox = install.onbox_command(store, plan.host)
+    box = Box.of(store, plan.host, shell)
+    record = box.record
+    shell = box.shell
+    onbox = box.onbox
     try:
         if isinstance(shell, Ssh):
             shell.start_master()  # it ends itself once idle (ssh.MASTER_IDLE_S)
-        install.check_version(shell, onbox, plan.host)
+        box.check_version()
         if plan.code:
             code = Path(plan.code)
             shell.push(code, plan.code_to or plan.cwd, excludes=code_excludes(store, code))
@@ -518,7 +519,7 @@ def execute(store: Store, plan: Plan, shell: Optional[Shell] = None) -> Dict[str
             unit = plan.checkpoint.kind == DIR
             shell.push(Path(plan.local_path), plan.resume_from, excludes=TEMP_EXCLUDES if unit else ())
         out = shell.run(launch_line(plan, onbox, record), check=False, timeout_s=LAUNCH_TIMEOUT_S)
-    except InstallError as e:
+    except BoxError as e:
         raise ResumeError(e.message, e.hint) from e
     except SshError as e:
         raise ResumeError(e.message, e.hint) from e

@@ -20,8 +20,8 @@ import json
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
+from controller.box.handle import Box
 from controller.box.ssh import SshError
-from controller.install import onbox as install
 from controller.output import error_tail
 from controller.render import printable
 from controller.runs import life
@@ -40,10 +40,11 @@ class DeadmanError(Exception):
         self.hint = hint
 
 
-def box_call(store: Store, host: str, args: Sequence[str]) -> Dict[str, Any]:
-    """Run `rgt-onbox deadman ARGS --json` on HOST; its JSON answer (DeadmanError if none)."""
+def box_call(store: Store, host: str, args: Sequence[str], box: Optional[Box] = None) -> Dict[str, Any]:
+    """Run `rgt-onbox deadman ARGS --json` on HOST (through `box`: HOST's handle); its JSON answer
+    (DeadmanError if none)."""
     try:
-        done, answer = install.run_onbox(store, host, ["deadman", *args, "--json"], CALL_TIMEOUT_S)
+        done, answer = (box or Box.of(store, host)).run_onbox(["deadman", *args, "--json"], CALL_TIMEOUT_S)
     except SshError as e:
         raise DeadmanError(e.message, e.hint) from e
     if answer is None and done.returncode in (1, 2, 3):  # rgt-onbox ran and said no
@@ -72,10 +73,10 @@ def arm(store: Store, host: str, ttl: str, idle: Optional[str] = None,
         args += ["--idle", idle]
     if max_hours is not None:
         args += ["--max-hours", f"{max_hours:g}"]
-    profile = install.host_record(store, host).get("profile")
-    if profile:
-        args += ["--profile", str(profile)]
-    return box_call(store, host, args)
+    box = Box.of(store, host)
+    if box.profile:
+        args += ["--profile", box.profile]
+    return box_call(store, host, args, box)
 
 
 def disarm(store: Store, host: str) -> Dict[str, Any]:

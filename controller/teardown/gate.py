@@ -57,8 +57,8 @@ import profiles
 from protocol import ProtocolError
 from protocol.pull import check_manifest
 
+from controller.box.handle import Box
 from controller.box.ssh import SshError
-from controller.install import onbox as install
 from controller.pull.stage import MANIFEST_REL, VERIFIED_REL
 from controller.runs import life
 from controller.store.db import Store
@@ -316,7 +316,7 @@ def judge(run_id: str, where: Optional[Path], view_fn: ViewFn, job: Optional[lif
 def box_view(store: Store, host: str, run_dir: str) -> Dict[str, Any]:
     """The box's current checkpoint set (`rgt-onbox manifest RUN_DIR --gate --json`)."""
     try:
-        done, view = install.run_onbox(store, host, ["manifest", run_dir, "--gate", "--json"], GATE_TIMEOUT_S)
+        done, view = Box.of(store, host).run_onbox(["manifest", run_dir, "--gate", "--json"], GATE_TIMEOUT_S)
     except SshError as e:
         raise TeardownError(e.message, e.hint) from e
     if done.returncode != 0 or view is None:
@@ -415,12 +415,12 @@ def profile_name(store: Store, run_id: str, host: str) -> str:
     name = launch.get("profile") if isinstance(launch, dict) else None
     if isinstance(name, str) and name:
         return name
-    return str(install.host_record(store, host).get("profile") or "")
+    return Box.of(store, host).profile
 
 
 def load_profile(store: Store, host: str, name: Optional[str] = None) -> profiles.Profile:
     """Profile `name` (the run's: profile_name), else the host's."""
-    name = name or str(install.host_record(store, host).get("profile") or "")
+    name = name or Box.of(store, host).profile
     if not name:
         raise TeardownError(f"host {host} has no profile, so rgt knows no teardown action for it",
                             hint=f"rgt hosts add {host} --ssh ALIAS --profile NAME --replace")

@@ -20,19 +20,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from controller.box import probe as boxprobe
+from controller.box.handle import Box, BoxError, OnboxNotFound, VersionMismatch, check_version
 from controller.box.ssh import LocalShell
 from controller.cli.base import RgtGroup
 from controller.cli.box import install_command, secret_group
 from controller.install import build
-from controller.install.onbox import (
-    InstallError,
-    InstallOptions,
-    OnboxNotFound,
-    VersionMismatch,
-    _pip_install,
-    check_version,
-    onbox_command,
-)
+from controller.install.onbox import InstallError, InstallOptions, _pip_install
 from controller.install.wheels import (
     Requirement,
     Wheel,
@@ -44,7 +37,7 @@ from controller.install.wheels import (
     resolve,
     scan,
 )
-from controller.store.db import Store
+from controller.store.db import HostNotFound, Store
 from protocol import PACKAGE_VERSION
 from tests.helpers import REPO
 from tests.sshbox import SshBox, sshbox  # noqa: F401  (the fixture)
@@ -354,7 +347,7 @@ def test_the_box_index_is_asked_only_with_index_and_says_so(tmp_path: Path) -> N
 # ---- rgt-onbox on a box -----------------------------------------------------------------------
 
 
-def test_check_version_and_onbox_command(tmp_path: Path) -> None:
+def test_check_version_and_the_box_handle(tmp_path: Path) -> None:
     shell = LocalShell()
     assert check_version(shell, "echo rgt-onbox, version " + PACKAGE_VERSION + " #") == PACKAGE_VERSION
     with pytest.raises(VersionMismatch) as e:
@@ -363,15 +356,32 @@ def test_check_version_and_onbox_command(tmp_path: Path) -> None:
     assert e.value.hint == "rgt install gpu1"
     with pytest.raises(OnboxNotFound, match="exit 127"):
         check_version(shell, "/no/such/rgt-onbox", host="gpu1")
+    # one base for what a box refuses: a version check's failure and an install's alike
+    assert issubclass(OnboxNotFound, VersionMismatch) and issubclass(VersionMismatch, BoxError)
+    assert issubclass(InstallError, BoxError) and not issubclass(VersionMismatch, InstallError)
     with Store.open(tmp_path / "rgt.db") as store:
         store.add_host("plain", ssh="plain")
-        store.add_host("custom", ssh="custom", onbox="~/env/bin/rgt-onbox")
+        store.add_host("custom", ssh="custom", onbox="~/env/bin/rgt-onbox", profile="autodl")
         store.add_host("done", ssh="done", onbox="~/env/bin/rgt-onbox")
         store.set_installed("done", {"version": PACKAGE_VERSION, "onbox": "/home/u/.rgt/venv/bin/rgt-onbox"})
-        assert onbox_command(store, "plain") == "rgt-onbox"
-        assert onbox_command(store, "custom") == "~/env/bin/rgt-onbox"
-        assert onbox_command(store, "done") == "/home/u/.rgt/venv/bin/rgt-onbox"
-        assert onbox_command(store, "local").startswith(sys.executable)
+        assert Box.of(store, "plain").onbox == "rgt-onbox"
+        assert Box.of(store, "custom").onbox == "~/env/bin/rgt-onbox"
+        assert Box.of(store, "done").onbox == "/home/u/.rgt/venv/bin/rgt-onbox"
+        assert Box.of(store, "custom").profile == "autodl" and Box.of(store, "plain").profile == ""
+        local = Box.of(store, "local")  # this machine, also when not stored
+        assert local.onbox.startswith(sys.executable) and local.record["name"] == "local"
+        assert isinstance(local.shell, LocalShell) and local.shell is local.shell  # made once, kept
+        assert local.check_version() == PACKAGE_VERSION
+        done, answer = local.run_onbox(["--version"])
+        assert done.returncode == 0 and PACKAGE_VERSION in done.stdout.decode() and answer is None
+        store.add_host("json", ssh="json", onbox="""printf '%s\\n' noise '{"ok": 1}' #""")
+        given = LocalShell()
+        box = Box.of(store, "json", shell=given)
+        assert box.shell is given and box.run_onbox(["ps", "--json"])[1] == {"ok": 1}
+        with pytest.raises(OnboxNotFound, match="rgt-onbox does not run on json"):
+            box.check_version()
+        with pytest.raises(HostNotFound):
+            Box.of(store, "nosuch")
 
 
 # ---- installs end to end ----------------------------------------------------------------------
@@ -427,7 +437,7 @@ def test_install_onto_the_box_offline_then_again_as_a_no_op(box: Dict[str, Any])
         assert installed["version"] == PACKAGE_VERSION and installed["onbox"] == out["onbox"]
         assert installed["venv"] == str(venv) and installed["python"] == f"{sys.version_info[0]}." \
             f"{sys.version_info[1]}.{sys.version_info[2]}" and installed["installed_at"] > 0
-        assert onbox_command(store, "box") == out["onbox"]
+        assert Box.of(store, "box").onbox == out["onbox"]
 
     # the same wheel again (the source tree may change under a running suite: pass the built one)
     wheel = next((box["state"] / "wheels").glob("*/*.whl"))
