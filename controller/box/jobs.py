@@ -23,13 +23,11 @@ from controller.box.handle import Box, BoxError
 from controller.box.ssh import LocalShell, Ssh, SshError
 from controller.output import error_tail, last_json_object
 from controller.paths import LOCAL
-from controller.runs import life, status
+from controller.runs import life
 from controller.store.db import AmbiguousRun, RunNotFound, Store
 
 Shell = Union[Ssh, LocalShell]
-STOP_ANSWER_KIND = life.STOP_ANSWER_KIND   # the box's answer to a recorded stop request
-__all__ = ["LOCAL", "STOP_ANSWER_KIND", "BoxError", "Code", "launch", "new_run_id", "recorded", "run_state",
-           "shell_for", "stop"]
+__all__ = ["LOCAL", "BoxError", "Code", "launch", "new_run_id", "recorded", "shell_for", "stop"]
 
 
 def shell_for(store: Store, name: str) -> Shell:
@@ -221,29 +219,7 @@ def stop(store: Store, run: str, grace: str = "30s", by: str = "rgt stop") -> Di
     answer = _json_answer(out, "rgt-onbox stop")
     if asked is not None:
         # What the box said to it: "not_running" means the job had ended before the stop reached it.
-        store.add_local_event(run_id, STOP_ANSWER_KIND, "info", {
+        store.add_local_event(run_id, life.STOP_ANSWER_KIND, "info", {
             "by": by, "request_id": asked.id, "outcome": str(answer.get("outcome") or ""),
             "exit": out.returncode})
     return {**answer, "run": info["run"], "host": host, "exit": out.returncode}
-
-
-def run_state(store: Store, run: str, now: float) -> Dict[str, Any]:
-    """What the store knows of a run's life, cheaply (for `rgt runs`): its life state (launched,
-    running, finished, stopped, failed, preempted, vanished, lost: controller.runs.life, the same story
-    `rgt watch` and `rgt status` tell), the last event's time and the link state of `rgt status`."""
-    now_life = life.of_run(store, run)
-    last = store.events(run, since=max(0, store.cursor(run) - 1))
-    state: Dict[str, Any] = {"state": now_life.state, "outcome": now_life.outcome, "life": now_life.to_dict()}
-    if now_life.stopped_by:
-        state["stopped_by"] = now_life.stopped_by
-    seq = now_life.evidence.get("seq") if now_life.evidence.get("kind") == "job.exited" else None
-    exited = store.events(run, since=seq - 1, kind_prefix="job.exited", limit=1) \
-        if isinstance(seq, int) else []
-    if exited:
-        data = exited[0].data
-        state.update({"code": data.get("code"), "signal": data.get("signal"),
-                      "oom_killed": data.get("oom_killed")})
-    if last:
-        state["last_event_ts"] = last[-1].ts
-    state["link"] = status.link_for(store, run, now, now_life)["state"]
-    return state

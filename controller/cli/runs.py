@@ -18,6 +18,7 @@ from controller.box.handle import Box, host_record
 from controller.box.jobs import LOCAL, BoxError
 from controller.box.ssh import Ssh, SshError
 from controller.cli.base import JSON_OPTION, RUN_ARGUMENT, CliError, RgtCommand, RgtGroup, emit_json
+from controller.runs.status import run_state
 from controller.store.db import Store
 
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -250,7 +251,7 @@ def _run_rows(store: Store, only: Optional[str]) -> List[Dict[str, Any]]:
         return {"run": run, "host": r["target"] or r["host"], "run_dir": r["run_dir"],
                 "last_seq": r["last_seq"], "watcher_pid": running_pid(run), "group": r["group_run"] or None,
                 "node": r["node"] or None, "resumed_from": r["resumed_from"] or None,
-                **boxes.run_state(store, run, now)}
+                **run_state(store, run, now)}
 
     rows: List[Dict[str, Any]] = []
     for r in infos:

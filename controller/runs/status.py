@@ -470,5 +470,27 @@ def render(s: Mapping[str, Any]) -> str:
     return "\n".join(printable(line) for line in lines)
 
 
-__all__ = ["all_events", "link_for", "link_state", "nonfinite_checkpoints", "one_line", "render",
+def run_state(store: Store, run: str, now: float) -> Dict[str, Any]:
+    """What the store knows of a run's life, cheaply (for `rgt runs`): its life state (launched,
+    running, finished, stopped, failed, preempted, vanished, lost: controller.runs.life, the same story
+    `rgt watch` and `rgt status` tell), the last event's time and the link state of `rgt status`."""
+    now_life = life.of_run(store, run)
+    last = store.events(run, since=max(0, store.cursor(run) - 1))
+    state: Dict[str, Any] = {"state": now_life.state, "outcome": now_life.outcome, "life": now_life.to_dict()}
+    if now_life.stopped_by:
+        state["stopped_by"] = now_life.stopped_by
+    seq = now_life.evidence.get("seq") if now_life.evidence.get("kind") == "job.exited" else None
+    exited = store.events(run, since=seq - 1, kind_prefix="job.exited", limit=1) \
+        if isinstance(seq, int) else []
+    if exited:
+        data = exited[0].data
+        state.update({"code": data.get("code"), "signal": data.get("signal"),
+                      "oom_killed": data.get("oom_killed")})
+    if last:
+        state["last_event_ts"] = last[-1].ts
+    state["link"] = link_for(store, run, now, now_life)["state"]
+    return state
+
+
+__all__ = ["all_events", "link_for", "link_state", "nonfinite_checkpoints", "one_line", "render", "run_state",
            "state_label", "summarize"]

@@ -15,7 +15,6 @@ from typing import Any, Iterator, List, Optional
 import pytest
 from click.testing import CliRunner, Result
 
-from controller.box import jobs as boxes
 from controller.cli import main as cli
 from controller.queue import model as q
 from controller.runs import group_status as status_group
@@ -113,7 +112,7 @@ def test_a_healthy_watched_run_with_no_link_event_is_up_from_its_fresh_box_data(
     link = status.summarize(box.store, RUN, now=now)["link"]
     assert link["state"] == "up" and link["by"] == "box data"
     assert status.summarize(box.store, RUN, now=now + 60)["link"]["state"] == "unknown"   # stale: 3 beats
-    assert boxes.run_state(box.store, RUN, now)["link"] == "up"
+    assert status.run_state(box.store, RUN, now)["link"] == "up"
     box.store.add_local_event(RUN, "link.lost", "warn", {"reason": "timeout"}, ts=now)
     assert status.summarize(box.store, RUN, now=now + 1)["link"]["state"] == "down"   # its events say first
 
@@ -124,7 +123,7 @@ def test_an_ended_runs_link_is_ended_not_down_forever(box: Box) -> None:
     box.add(RUN, "job.exited", code=0, final_ok=True)
     later = time.time() + 3600
     assert status.summarize(box.store, RUN, now=later)["link"]["state"] == "ended"
-    assert boxes.run_state(box.store, RUN, later)["link"] == "ended"
+    assert status.run_state(box.store, RUN, later)["link"] == "ended"
 
 
 # ---- rgt runs -----------------------------------------------------------------------------------------
@@ -265,7 +264,7 @@ def test_rgt_stop_records_the_request_first_and_every_reader_says_stopped(rgt_lo
     assert (ended.state, ended.stopped_by) == ("stopped", "rgt stop") and ended.ok
     assert asked[0].ts <= exit_ts   # recorded before the box was asked
     with Store.open() as s:
-        said = s.local_events(run, kind_prefix=boxes.STOP_ANSWER_KIND)
+        said = s.local_events(run, kind_prefix=life.STOP_ANSWER_KIND)
     assert [(e.data["request_id"], e.data["outcome"]) for e in said] == [(asked[0].id, answer["outcome"])]
     shown = json.loads(rgt_local("status", run, "--json").stdout)
     assert shown["state"] == "stopped by request" and shown["life"]["stopped_by"] == "rgt stop"
