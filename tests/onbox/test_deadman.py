@@ -463,4 +463,4 @@ def test_the_shipped_lambda_terminate_runs_our_provider_under_the_daemons_interp
     plan = plan_action(lease, [], {"PATH": "/usr/bin", "LAMBDA_API_KEY": "k"},
                        which=lambda program, path=None: program)
     assert plan.action == "terminate" and plan.refused is None
-    assert plan.argv == [sys.executable, "-m", "onbox.provider", "lambda-terminate", "i-9"]
+    assert plan.argv == [sys.executable, "-m", "onbox.deadman.provider", "lambda-terminate", "i-9"]

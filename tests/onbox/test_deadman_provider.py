@@ -1,4 +1,4 @@
-"""`python3 -m onbox.provider lambda-terminate`: against a Lambda API stand-in on 127.0.0.1."""
+"""`python3 -m onbox.deadman.provider lambda-terminate`: against a Lambda API stand-in on 127.0.0.1."""
 from __future__ import annotations
 
 import http.server
@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
-from onbox.provider import lambda_terminate, main
+from onbox.deadman.provider import lambda_terminate, main
 
 KEY = "lambda-secret-key-0123456789"
 

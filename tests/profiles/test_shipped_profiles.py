@@ -61,7 +61,7 @@ def test_lambda_only_notifies_and_terminate_needs_a_person() -> None:
     p = profiles.load("lambda")
     assert p.deadman.action == profiles.NOTIFY and p.deadman.allow == ("terminate",)
     terminate = p.actions["terminate"]
-    assert terminate.box_command == "python3 -m onbox.provider lambda-terminate {instance_id}"
+    assert terminate.box_command == "python3 -m onbox.deadman.provider lambda-terminate {instance_id}"
     assert terminate.credentials_env == ("LAMBDA_API_KEY",) and not terminate.reversible
     assert "shutdown" in p.deadman.why and "terminate" in p.deadman.why
     assert p.ssh.user == "ubuntu" and not p.storage["local"].survives_release

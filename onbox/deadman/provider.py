@@ -1,6 +1,6 @@
 """Provider calls the dead-man makes from the box itself, where a provider has no CLI there.
 
-    python3 -m onbox.provider lambda-terminate INSTANCE_ID
+    python3 -m onbox.deadman.provider lambda-terminate INSTANCE_ID
 
 lambda-terminate asks Lambda's Cloud API to terminate one instance: POST
 {base}/instance-operations/terminate with {"instance_ids": [INSTANCE_ID]}, the key from the
@@ -68,7 +68,7 @@ def lambda_terminate(instance_id: str, environ: Mapping[str, str], out: IO[str],
 
 
 def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m onbox.provider",
+    parser = argparse.ArgumentParser(prog="python3 -m onbox.deadman.provider",
                                      description="Provider calls the dead-man runs on the box.")
     sub = parser.add_subparsers(dest="op", required=True)
     term = sub.add_parser("lambda-terminate", help="Terminate this Lambda instance through the Cloud API.")
