@@ -21,8 +21,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
+from onbox import hints
 from onbox.fsutil import fsync_dir
-from onbox.sidecar import hints
 
 PathLike = Union[str, "os.PathLike[str]"]
 _LOG_WARNED = False

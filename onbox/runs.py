@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from onbox import strays
 from onbox.custody import manifest
 from onbox.errors import OnboxError
 from onbox.fsutil import write_atomic, write_json_atomic
-from onbox.monitors import strays
 
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PROC = Path("/proc")
@@ -518,7 +518,7 @@ def stop_run(run_dir: Path, grace_s: float = 30.0, *, exit_wait_s: float = 10.0,
 
 def _stop_strays(run_dir: Path, grace_s: float) -> int:
     """SIGTERM, then after `grace_s` SIGKILL, the job's processes outside its group (torchrun's
-    ranks: see onbox.monitors.strays); how many there were."""
+    ranks: see onbox.strays); how many there were."""
     left = strays.job_processes(run_dir)
     if not left:
         return 0

@@ -5,6 +5,7 @@ import ast
 import subprocess
 import sys
 from pathlib import Path
+from typing import List, Tuple
 
 import pytest
 
@@ -82,3 +83,68 @@ def test_the_ground_floor_imports_only_the_standard_library(package: str) -> Non
                 continue
             for name in names:
                 assert name.split(".")[0] in stdlib, f"{path.name} imports {name}"
+
+
+# onbox/'s packages and the arrows allowed between them (docs/ARCHITECTURE.md §2.2). The modules
+# directly in onbox/ are its ground floor (errors, fsutil, runs, report, hints, scheduler, xid,
+# strays, callrunner), which every package may use; the two arrows out of it are named here.
+ONBOX_GROUND = "ground"
+ONBOX_ALLOWED = {
+    ONBOX_GROUND: {"sources", "custody"},  # xid: sources.gpu's recovery actions; runs: custody's manifest
+    "sources": set(),
+    "detectors": {"sources"},
+    "integrations": set(),
+    "custody": {"sources"},
+    "monitors": {"detectors", "sources"},
+    "deadman": {"custody", "launch"},
+    "launch": {"custody", "deadman", "monitors", "sources"},
+    "sidecar": {"custody", "deadman", "launch", "monitors", "sources"},
+    "cli": {"custody", "deadman", "launch", "monitors", "sidecar", "sources"},
+}
+
+
+def _onbox_package(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) >= 3 or (len(parts) == 2 and (REPO / "onbox" / parts[1]).is_dir()):
+        return parts[1]
+    return ONBOX_GROUND
+
+
+def _onbox_imports(path: Path) -> List[Tuple[int, str]]:
+    found: List[Tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "onbox":
+                found += [(node.lineno, f"onbox.{a.name}") for a in node.names]
+            elif node.module.startswith("onbox."):
+                found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("onbox.")]
+    return found
+
+
+def test_every_onbox_package_is_in_the_table() -> None:
+    found = {p.name for p in (REPO / "onbox").iterdir() if (p / "__init__.py").is_file()}
+    assert found - {"data"} == set(ONBOX_ALLOWED) - {ONBOX_GROUND}
+
+
+def test_onbox_packages_import_only_what_the_layout_allows() -> None:
+    wrong = []
+    for path in sorted((REPO / "onbox").rglob("*.py")):
+        mine = _onbox_package(".".join(path.relative_to(REPO).with_suffix("").parts))
+        for line, target in _onbox_imports(path):
+            theirs = _onbox_package(target)
+            if theirs == mine or (theirs == ONBOX_GROUND and mine != ONBOX_GROUND):
+                continue
+            if theirs not in ONBOX_ALLOWED[mine]:
+                wrong.append(f"{path.relative_to(REPO)}:{line} ({mine}) imports {target} ({theirs})")
+    assert not wrong, "\n".join(wrong)
+
+
+FORBIDDEN = [("sources", "monitors"), ("detectors", "monitors"), ("custody", "sidecar"),
+             ("monitors", "custody"), ("deadman", "cli")]
+
+
+@pytest.mark.parametrize("mine, theirs", FORBIDDEN)
+def test_the_onbox_table_refuses_the_arrows_the_layout_forbids(mine: str, theirs: str) -> None:
+    assert theirs not in ONBOX_ALLOWED[mine]

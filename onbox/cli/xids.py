@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
-from onbox.monitors.xid import XidCatalog, XidCatalogError, load_catalog
 from onbox.sources.kmsg import GpuLostLine, XidLine, parse_gpu_lost_text, parse_text
+from onbox.xid import XidCatalog, XidCatalogError, load_catalog
 
 EXIT_OK = 0
 EXIT_UNREADABLE = 1

@@ -4,7 +4,7 @@ Each `Locator.tick()` (custody runs it every few seconds) returns the places fou
 one, each once, as (absolute directory, how):
 
 - "hint": a `output_dir` hint, or the parent of a `checkpoint` hint's path (rgt/hints.jsonl, written
-  by the framework integrations: `onbox.sidecar.hints`);
+  by the framework integrations: `onbox.hints`);
 - "trainer_state": a `checkpoint-N/trainer_state.json` under the job's cwd: its output_dir (HF);
 - "lightning": a `.../version_N/checkpoints` directory under the job's cwd (Lightning's dirpath);
 - "open_for_write": a file of >= `min_open_bytes` that the job or one of its descendants holds
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from onbox.custody.units import is_unit_dir
-from onbox.sidecar.hints import HintReader
+from onbox.hints import HintReader
 
 _SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages", "venv", ".venv", "env", "wandb",
                         "rgt", ".git", "dist-packages"})

@@ -74,7 +74,7 @@ from onbox.custody.worker import (
     Place,
 )
 from onbox.fsutil import write_atomic
-from onbox.sidecar.jobs import FunctionJob, PeriodicJob
+from onbox.scheduler import FunctionJob, PeriodicJob
 from onbox.sources.checkpoints import (
     CLOSED,
     CREATED,

@@ -26,7 +26,7 @@ from onbox.custody import check as ckptcheck
 from onbox.custody import manifest, units
 from onbox.custody.durable import DurableCopier
 from onbox.errors import ConfigError
-from onbox.sidecar.hints import HintReader
+from onbox.hints import HintReader
 from onbox.sources.checkpoints import CheckpointWatcher, Key, stat_key
 
 log = logging.getLogger(__name__)

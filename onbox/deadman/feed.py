@@ -21,7 +21,7 @@ from onbox.deadman.daemon import ensure_daemon, wanted
 from onbox.deadman.lease import DeadmanPaths, iter_records, paths_for, read_lease, renew
 from onbox.fsutil import write_json_atomic
 from onbox.runs import read_json
-from onbox.sidecar.jobs import FunctionJob, PeriodicJob
+from onbox.scheduler import FunctionJob, PeriodicJob
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Xid reports from the two sources (NVML events, the kernel log) -> one `gpu.xid` each.
 
 Both sources report the same Xid; `XidDeduper` lets the first through per (pci, code) per window.
-The meaning comes from `onbox.monitors.xid.classify`, where the driver's recovery action wins over the table.
+The meaning comes from `onbox.xid.classify`, where the driver's recovery action wins over the table.
 Which recovery action counts is decided by `recovery_for`: an action other than "none" is the
 driver's current verdict and always counts; "none" counts only when it was read at or after the
 Xid (a "none" read before the error says nothing about it).
@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence
 
 from onbox.detectors.hysteresis import Finding
-from onbox.monitors.xid import XidDeduper, classify, normalize_pci
 from onbox.sources.gpu import GpuInfo, GpuSample, XidEvent
 from onbox.sources.kmsg import XidLine
+from onbox.xid import XidDeduper, classify, normalize_pci
 
 GPU_OFF_THE_BUS = 79
 

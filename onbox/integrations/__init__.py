@@ -10,7 +10,7 @@
 
 The callbacks write every logging step to $RGT_METRICS (step, epoch, loss, grad_norm, learning
 rate, eval metrics), hint every checkpoint's path once its save is complete and every checkpoint
-the framework's rotation deleted (<run>/rgt/hints.jsonl, `onbox.sidecar.hints`), hint the framework's
+the framework's rotation deleted (<run>/rgt/hints.jsonl, `onbox.hints`), hint the framework's
 output directories, and make each process dump its Python stacks on SIGUSR2 for the sidecar's
 hang report. Outside an rgt launch (no RGT_RUN_DIR, no RGT_METRICS) they do nothing; a failing
 hook logs once and training goes on.

@@ -14,8 +14,7 @@ import os
 import signal
 from typing import IO, Any, Callable, Dict, Mapping, Optional, Set, TypeVar
 
-from onbox import report
-from onbox.sidecar import hints
+from onbox import hints, report
 
 log = logging.getLogger("onbox.integrations")
 

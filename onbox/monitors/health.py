@@ -38,8 +38,7 @@ from onbox.detectors.job import ExitRecord, JobDetector, parse_exit_record
 from onbox.detectors.memory import MemoryDetector, MemReading, MemThresholds
 from onbox.detectors.xids import GPU_OFF_THE_BUS, XidReporter, recovery_for
 from onbox.monitors.probes import init_probe, make_probe
-from onbox.monitors.xid import XidDeduper
-from onbox.sidecar.jobs import FunctionJob, PeriodicJob
+from onbox.scheduler import FunctionJob, PeriodicJob
 from onbox.sources import host
 from onbox.sources.fake_gpu import TICK_S, ScriptedProbe
 from onbox.sources.gpu import Capability, GpuInfo, GpuProbe, GpuProcess, GpuSample, XidEvent
@@ -52,6 +51,7 @@ from onbox.sources.kmsg import (
     xid_from_record,
 )
 from onbox.sources.process import ProcessSource, ProcessView, ProcInfo, proc_env, proc_state
+from onbox.xid import XidDeduper
 
 log = logging.getLogger(__name__)
 

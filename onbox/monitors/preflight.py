@@ -22,11 +22,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 from onbox.callrunner import CallRunner, CallTimeout
 from onbox.detectors.gpu import FAULT_REASONS, GpuThresholds, hot_and_slow
 from onbox.monitors.probes import init_probe, make_probe
-from onbox.monitors.xid import classify, normalize_pci
 from onbox.sources import host
 from onbox.sources.fake_gpu import TICK_S, ScriptedProbe
 from onbox.sources.gpu import GpuInfo, GpuProbe, GpuSample, XidEvent, decode_reasons
 from onbox.sources.kmsg import KERNEL_FACILITY, KmsgReader, parse_gpu_lost, xid_from_record
+from onbox.xid import classify, normalize_pci
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 _RANK = {PASS: 0, SKIP: 0, WARN: 1, FAIL: 2}

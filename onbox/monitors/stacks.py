@@ -41,7 +41,7 @@ from onbox.detectors.hang import (
     parse_faulthandler,
     parse_pyspy_json,
 )
-from onbox.sidecar.hints import HintReader
+from onbox.hints import HintReader
 from onbox.sources import process
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def _int(value: Any) -> Optional[int]:
 
 def faulthandler_hints(run_dir: Path) -> Dict[int, Tuple[int, str]]:
     """pid -> (signal, file) from the job's faulthandler hint lines (newest per pid wins), read
-    through `onbox.sidecar.hints.HintReader`, which keeps only <run>/rgt/stacks/<pid>.txt as the file."""
+    through `onbox.hints.HintReader`, which keeps only <run>/rgt/stacks/<pid>.txt as the file."""
     out: Dict[int, Tuple[int, str]] = {}
     reader = HintReader(Path(run_dir))
     for _ in range(64):  # bounded: 64 reads of at most 1 MiB each

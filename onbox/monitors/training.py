@@ -80,7 +80,7 @@ from onbox.detectors.training import (
     is_grad_norm_name,
     is_loss_name,
 )
-from onbox.sidecar.jobs import FunctionJob, PeriodicJob
+from onbox.scheduler import FunctionJob, PeriodicJob
 from onbox.sources.jobfiles import JobFiles
 from onbox.sources.metrics import MetricsSource, Record, SourceRead
 from onbox.sources.trainlog import LogSource

@@ -46,7 +46,7 @@ from onbox.launch.settings import custody_config, load_watch, training_config
 from onbox.monitors.health import HealthMonitor, MonitorConfig
 from onbox.monitors.stacks import StackCapture, StallStacks
 from onbox.monitors.training import TrainingMonitor
-from onbox.sidecar.jobs import FunctionJob, PeriodicJob, Scheduler
+from onbox.scheduler import FunctionJob, PeriodicJob, Scheduler
 from onbox.sidecar.journal import Journal
 from onbox.sidecar.transport import CurveServer, EventServer, socket_dir_for
 from onbox.sources import process

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
-from onbox.monitors.xid import normalize_pci, normalize_recovery_action
+from onbox.xid import normalize_pci, normalize_recovery_action
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class XidLine:
     `pci` is normalized (``0000:3b:00``, lowercase, function dropped). `kernel_ts` is seconds since
     boot (``[123.456]`` prefixes and /dev/kmsg records); `wall_time` is the clock text of ``dmesg -T``
     and journalctl prefixes, as written. `caused_by` is set on Xid 45 lines that name their root
-    Xid; `recovery_action` (canonical name, see onbox.monitors.xid) on Xid 154 lines.
+    Xid; `recovery_action` (canonical name, see onbox.xid) on Xid 154 lines.
     """
 
     code: int

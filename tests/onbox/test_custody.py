@@ -26,7 +26,7 @@ from onbox.custody import manifest
 from onbox.custody.check import is_temporary
 from onbox.custody.monitor import CustodyConfig, CustodyMonitor
 from onbox.errors import ConfigError
-from onbox.sidecar.jobs import Scheduler
+from onbox.scheduler import Scheduler
 from onbox.sources.checkpoints import Change, CheckpointWatcher, fs_type, is_network_fs
 from tests.helpers import Recorder as BaseRecorder
 

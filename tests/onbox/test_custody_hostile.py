@@ -24,7 +24,7 @@ import pytest
 
 from onbox.custody import manifest, pullmanifest, worker
 from onbox.custody.monitor import CustodyConfig, CustodyMonitor
-from onbox.sidecar.jobs import Scheduler
+from onbox.scheduler import Scheduler
 from tests.helpers import Recorder
 
 DEEP = b"[" * 100_000 + b"]" * 100_000

@@ -18,10 +18,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
+from onbox import hints
 from onbox.custody import gateview, manifest, pullmanifest
 from onbox.custody.monitor import CustodyConfig, CustodyMonitor
-from onbox.sidecar import hints
-from onbox.sidecar.jobs import Scheduler
+from onbox.scheduler import Scheduler
 from protocol.pull import check_manifest
 from rgtlib.hashing import unit_digest
 from tests.helpers import REPO, Recorder, wait_until

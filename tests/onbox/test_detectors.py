@@ -20,11 +20,11 @@ from onbox.detectors.hysteresis import CLEAR, ESCALATE, ONSET, Finding, Hysteres
 from onbox.detectors.job import ExitRecord, JobDetector, parse_exit_record
 from onbox.detectors.memory import MemoryDetector, MemReading, MemThresholds
 from onbox.detectors.xids import XidReporter, recovery_for
-from onbox.monitors.xid import XidDeduper
 from onbox.sources.fake_gpu import h100_info, h100_pci, h100_sample
 from onbox.sources.gpu import GpuProcess, GpuSample, XidEvent
 from onbox.sources.host import DiskUsage
 from onbox.sources.kmsg import parse_line
+from onbox.xid import XidDeduper
 
 T = GpuThresholds()
 

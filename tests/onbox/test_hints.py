@@ -1,4 +1,4 @@
-"""onbox.sidecar.hints: the job's hint lines (checkpoint, output_dir, removed, faulthandler) and
+"""onbox.hints: the job's hint lines (checkpoint, output_dir, removed, faulthandler) and
 their reader."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from onbox.sidecar import hints
+from onbox import hints
 
 
 @pytest.fixture

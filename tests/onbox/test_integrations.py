@@ -20,9 +20,9 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
+from onbox import hints
 from onbox.integrations import hf as hf_integration
 from onbox.integrations import resume_from
-from onbox.sidecar import hints
 
 REPO = Path(__file__).resolve().parents[2]
 JOBS = REPO / "tests" / "frameworks"

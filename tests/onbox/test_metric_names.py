@@ -11,9 +11,8 @@ from typing import Dict
 
 import pytest
 
-from onbox import report
+from onbox import hints, report
 from onbox.detectors.training import ProgressReporter, TrainingThresholds, is_loss_name
-from onbox.sidecar import hints
 from onbox.sources.csvlog import CsvLogReader
 from onbox.sources.metrics import MetricsSource
 from onbox.sources.tfevents import TfEventsReader, frame

@@ -16,7 +16,7 @@ import pytest
 
 from onbox.errors import ConfigError
 from onbox.monitors.training import STATE_FILE, TrainingConfig, TrainingMonitor, load_state
-from onbox.sidecar.jobs import Scheduler
+from onbox.scheduler import Scheduler
 from tests.helpers import Clock
 from tests.helpers import Recorder as BaseRecorder
 

@@ -1,4 +1,4 @@
-"""The Xid catalog, classification, the deduper and the `xids` report (onbox/monitors/xid.py,
+"""The Xid catalog, classification, the deduper and the `xids` report (onbox/xid.py,
 onbox/cli/xids.py)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 import pytest
 
 from onbox.cli.xids import report, run_xids
-from onbox.monitors.xid import (
+from onbox.xid import (
     CLASSES,
     SEVERITIES,
     XidCatalog,
