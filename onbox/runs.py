@@ -26,12 +26,13 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from protocol.ids import is_run_id
+
 from onbox import strays
 from onbox.custody import manifest
 from onbox.errors import OnboxError
 from onbox.fsutil import write_atomic, write_json_atomic
 
-SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 PROC = Path("/proc")
 _TAIL_BYTES = 16 << 10
 _SKIP_CKPT = (".tmp", ".partial", ".lock", ".incomplete")
@@ -212,9 +213,9 @@ def resolve_run(root: Path, ref: str) -> Path:
     root = Path(root).expanduser()
     if "/" in ref:
         project, _, run_id = ref.partition("/")
-        candidates = [root / project / "active" / run_id]
+        candidates = [root / project / "active" / run_id] if is_run_id(project) and is_run_id(run_id) else []
     else:
-        candidates = list(root.glob(f"*/active/{ref}")) if SAFE_ID.match(ref) else []
+        candidates = list(root.glob(f"*/active/{ref}")) if is_run_id(ref) else []
     found = [c for c in candidates if c.is_dir()]
     if not found:
         raise RunError(f"no run {ref!r} under {root}")

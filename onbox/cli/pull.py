@@ -28,7 +28,9 @@ def _fail(message: str, hint: str = "", code: int = 1) -> click.exceptions.Exit:
 
 def _find(root: Optional[Path], run: str, sealed_too: bool) -> Path:
     """RUN among the active runs; with `sealed_too` also <root>/<project>/export/<run-id>."""
-    from onbox.runs import SAFE_ID, RunError, default_root, resolve_run
+    from protocol.ids import is_run_id
+
+    from onbox.runs import RunError, default_root, resolve_run
 
     where = root or default_root()
     try:
@@ -36,7 +38,7 @@ def _find(root: Optional[Path], run: str, sealed_too: bool) -> Path:
     except RunError as e:
         if sealed_too:
             project, _, run_id = run.rpartition("/")
-            if SAFE_ID.match(run_id) and (not project or SAFE_ID.match(project)):
+            if is_run_id(run_id) and (not project or is_run_id(project)):
                 found = sorted(where.expanduser().glob(f"{project or '*'}/export/{run_id}"))
                 if len(found) == 1 and found[0].is_dir():
                     return found[0].resolve()

@@ -40,7 +40,7 @@ from typing import IO, TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequen
 
 import profiles
 from protocol import PACKAGE_VERSION
-from protocol.ids import new_run_id
+from protocol.ids import is_run_id, new_run_id
 
 import onbox
 from onbox.custody import manifest
@@ -77,7 +77,6 @@ from onbox.launch.nodes import NodeError, identify, stream_id
 from onbox.launch.redact import contains_secret, is_secret_name, redact_argv, redact_text, secret_values
 from onbox.launch.secrets import maskable, read_secrets
 from onbox.runs import (
-    SAFE_ID,
     JobRecord,
     RunPaths,
     default_root,
@@ -195,12 +194,13 @@ class _Plan:
 
 def _safe_name(text: str, fallback: str) -> str:
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")[:64]
-    return name if name and SAFE_ID.match(name) else fallback
+    return name if is_run_id(name) else fallback
 
 
 def _checked(value: str, what: str) -> str:
-    if not SAFE_ID.match(value):
-        raise LaunchUsageError(f"{what} {value!r} must be 1-128 of A-Z a-z 0-9 . _ - (starting alphanumeric)")
+    if not is_run_id(value):
+        raise LaunchUsageError(f"{what} {value!r} must be 1-128 of A-Z a-z 0-9 . _ - (starting alphanumeric, "
+                               "no '..')")
     return value
 
 

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import threading
 import time
 import uuid
@@ -34,6 +33,7 @@ from protocol import (
     encode_reply,
 )
 from protocol.codec import PAGE_BYTES, request_id_of
+from protocol.ids import is_run_id
 from rgtlib import lockfile
 
 from onbox.custody.monitor import CustodyMonitor
@@ -53,7 +53,6 @@ from onbox.sources import process
 
 log = logging.getLogger(__name__)
 
-_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 @dataclasses.dataclass
@@ -87,8 +86,9 @@ def _run_meta(run_dir: Path) -> Dict[str, Any]:
 
 
 def _checked_id(value: str, what: str) -> str:
-    if not _SAFE_ID.match(value):
-        raise ConfigError(f"{what} {value!r} must be 1-128 of A-Z a-z 0-9 . _ - (starting alphanumeric)")
+    if not is_run_id(value):
+        raise ConfigError(f"{what} {value!r} must be 1-128 of A-Z a-z 0-9 . _ - (starting alphanumeric, "
+                          "no '..')")
     return value
 
 

@@ -239,6 +239,14 @@ def test_job_environment_session_and_unbuffered_log(rig: Rig) -> None:
     wait_until(lambda: read_json(run_dir / "rgt" / "exit.json"), 10, "the exit record")
 
 
+@pytest.mark.parametrize("run_id, project", [("a..b", None), ("run\n", None), ("ok", "p..q"), ("ok", "-p")])
+def test_a_run_id_or_project_off_the_grammar_is_refused_before_anything_is_made(
+        rig: Rig, run_id: str, project: str) -> None:
+    with pytest.raises(LaunchUsageError, match="must be 1-128 of A-Z a-z 0-9"):
+        rig.launch(py("pass"), run_id=run_id, **({"project": project} if project else {}))
+    assert not any(rig.root.glob("*/active/*"))
+
+
 def test_a_command_that_cannot_start_is_reported(rig: Rig) -> None:
     # a missing program is named before anything starts (onbox/launch/env.py), its arguments never shown
     with pytest.raises(LaunchUsageError, match=r"^/no/such/program not found on \S+$") as e:

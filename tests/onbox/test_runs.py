@@ -163,6 +163,9 @@ def test_resolve_run(tmp_path: Path) -> None:
         resolve_run(root, "twice")
     with pytest.raises(RunError, match="no run"):
         resolve_run(root, "nope")
+    for odd in ("../p/only-here", "p/../p/only-here", "p/only-here\n", "only-here\n", "..", "p/.."):
+        with pytest.raises(RunError, match="no run"):
+            resolve_run(root, odd)  # the run-id grammar of protocol.ids, on both parts: no '..', no newline
 
 
 def test_stop_never_signals_a_recycled_pid(tmp_path: Path, sleepers: List[subprocess.Popen]) -> None:

@@ -237,3 +237,16 @@ def test_a_metrics_line_with_a_lone_surrogate_is_a_bad_line_not_the_end_of_progr
 def _live_kind(c: Client, kind: str) -> Event | None:
     ev = c.next_event()
     return ev if ev.kind == kind else None
+
+
+@pytest.mark.parametrize("run_id, host", [("a..b", "box"), ("run\n", "box"), ("run", "box\n"), ("run", "..")])
+def test_a_run_id_or_host_off_the_grammar_is_refused_before_anything_is_made(
+        tmp_path: Path, run_id: str, host: str) -> None:
+    from onbox.errors import ConfigError
+    from onbox.sidecar.server import Sidecar, SidecarConfig
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with pytest.raises(ConfigError, match="must be 1-128 of A-Z a-z 0-9"):
+        Sidecar(SidecarConfig(run_dir=run_dir, run_id=run_id, host=host))
+    assert list(run_dir.iterdir()) == []
