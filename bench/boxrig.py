@@ -89,7 +89,7 @@ class BoxRig:
 
     def __exit__(self, kind: Optional[Type[BaseException]], exc: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
-        from controller.follow import watcher
+        from controller.follow import client
 
         try:
             for run, run_dir in self.runs:
@@ -98,7 +98,8 @@ class BoxRig:
                 _wait_gone(run_dir)
             os.environ["RGT_HOME"] = str(self.home)
             for run, _ in self.runs:
-                watcher.stop_watcher(run)
+                client.unfollow(run)
+            client.stop_daemon()
         finally:
             self.box.close()
             shutil.rmtree(self.root, ignore_errors=True)

@@ -93,10 +93,11 @@ class Rig:
         for run in self.runs:
             self.call("stop", run, "--grace", "5s", check=False, timeout_s=60)
         os.environ["RGT_HOME"] = self.env["RGT_HOME"]
-        from controller.follow import watcher
+        from controller.follow import client
 
         for run in self.runs:
-            watcher.stop_watcher(run)
+            client.unfollow(run)
+        client.stop_daemon()
         _wait_gone(self.root)
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -167,10 +167,10 @@ class Rig:
         """The laptop side of the link goes: end each run's background watcher (by the pid its lock
         names); the next `rgt watch` starts it again."""
         os.environ["RGT_HOME"] = self.env["RGT_HOME"]
-        from controller.follow import watcher
+        from controller.follow import client
 
         for run in runs:
-            watcher.stop_watcher(run)
+            client.unfollow(run)
 
 
 class SshRig(Rig):
@@ -279,7 +279,7 @@ def memory_cgroup() -> Optional[Path]:
 def end_runs(rig: Rig, runs: List[Dict[str, Any]]) -> None:
     """Every run's job, supervisor and sidecar, and every background watcher, ended by pid."""
     os.environ["RGT_HOME"] = rig.env["RGT_HOME"]
-    from controller.follow import watcher
+    from controller.follow import client
     from onbox.runs import ProcRef, end_process, read_json, run_status, stop_run, wait_for
 
     for answer in runs:
@@ -292,7 +292,8 @@ def end_runs(rig: Rig, runs: List[Dict[str, Any]]) -> None:
         for ref in (ProcRef.from_dict(sup), ProcRef.from_dict(sup.get("sidecar"))):
             if ref is not None and not wait_for(lambda r=ref: not r.alive(), 15.0):
                 end_process(ref, 5.0)
-        watcher.stop_watcher(str(answer["run_id"]))
+        client.unfollow(str(answer["run_id"]))
+    client.stop_daemon()
 
 
 def end_deadman(rig: Rig) -> None:

@@ -3,7 +3,9 @@ command on both sides (`rgt watch --timeout 6h`, `rgt-onbox launch --deadman-ttl
 `--code-limit 200MiB`, `--disk-budget 1GiB`)."""
 from __future__ import annotations
 
+import os
 import re
+from typing import Mapping, Optional
 
 _DURATION = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*")
 _SECONDS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -16,6 +18,17 @@ def parse_duration(text: str) -> float:
     if not m:
         raise ValueError(f"{text!r} is not a duration (like 90, 90s, 15m, 6h, 1d, 250ms)")
     return float(m.group(1)) * _SECONDS[m.group(2)]
+
+
+def env_seconds(name: str, default: float, env: Optional[Mapping[str, str]] = None) -> float:
+    """$NAME as a duration ("0.3", "30s", "5m"), or `default` when it is unset, unreadable or not
+    above zero: the knobs tests turn to make a long wait short."""
+    text = (os.environ if env is None else env).get(name, "")
+    try:
+        value = parse_duration(text) if text else default
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def parse_size(text: str) -> int:
@@ -36,4 +49,4 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-__all__ = ["human_bytes", "parse_duration", "parse_size"]
+__all__ = ["env_seconds", "human_bytes", "parse_duration", "parse_size"]

@@ -2,7 +2,7 @@
 
 Host `local` (this machine, no SSH) takes the same path as a rented box: `rgt launch local`
 runs `rgt-onbox launch` (pre-flight, run directory under .demo/root, the job detached with its
-supervised sidecar) and starts the background watcher that keeps the store under .demo/state
+supervised sidecar) and starts the follower daemon that keeps the store under .demo/state
 current. `rgt watch` then blocks until something material happens: the job goes NaN on purpose
 near its end, the watch exits 10 with one JSON line, and a second watch reports the job's exit.
 """
@@ -43,7 +43,7 @@ def main() -> int:
     info = json.loads(launched.stdout)
     run_dir = Path(info["run_dir"])
     print(f"  run dir  {run_dir.relative_to(REPO)}\n  job pid  {info['pid']} (wrapper), "
-          f"watcher pid {info['watcher_pid']}")
+          f"follower daemon pid {info['daemon_pid']}")
 
     say("rgt watch: blocks until something material happens (exit 10), then says what to do")
     woke = subprocess.run([str(BIN / "rgt"), "watch", run_id, "--timeout", "120"], env=env,

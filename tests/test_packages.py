@@ -29,6 +29,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "pull": {"box", "store", "verify"},
     "teardown": {"box", "store", "pull", "runs", "verify"},
     "queue": {"box", "store", "follow", "runs"},
+    "daemon": {"box", "follow", "queue", "runs", "store"},
     "rehearse": {"runs", "verify"},
     "resume": {"box", "store", "pull", "runs"},
     "insight": {"box", "store"},

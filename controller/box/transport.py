@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import zmq  # noqa: TID251 (the zmq seam)
 from protocol import MAX_EVENT_BYTES, MAX_FRAME_BYTES
@@ -29,6 +29,8 @@ _DRAIN_MAX = 2000
 _REPLIES_MAX = 64
 # Complete replies libzmq may queue: the subscriber asks one thing at a time.
 _DEALER_RCVHWM = 64
+# A control request or answer of the follower daemon: a run id and a few fields, or a list of runs.
+_CONTROL_MAX = 1 << 20
 # ZMQ_MAXMSGSIZE is per part; a frame over it is what no sidecar sends: the peer is dropped.
 _SLACK = 1024
 
@@ -52,11 +54,15 @@ class CurveClient:
 
 
 class Link:
-    """One connection to one sidecar: a SUB and a DEALER, polled together."""
+    """One connection to one sidecar: a SUB and a DEALER, polled together. On its own (`rgt track`,
+    the tests) it has its own context and poller; in a Hub it shares the hub's, and the hub polls it
+    with every other link."""
 
-    def __init__(self, endpoints: Endpoints, curve: Optional[CurveClient] = None) -> None:
+    def __init__(self, endpoints: Endpoints, curve: Optional[CurveClient] = None,
+                 hub: Optional[Hub] = None) -> None:
         self.endpoints = endpoints
         self._curve = curve
+        self._hub = hub
         self._ctx: Optional[zmq.Context[zmq.Socket[bytes]]] = None
         self._sub: Optional[zmq.Socket[bytes]] = None
         self._dealer: Optional[zmq.Socket[bytes]] = None
@@ -65,7 +71,7 @@ class Link:
 
     def open(self) -> None:
         self._poller = zmq.Poller()   # a reopened link polls only its new sockets
-        self._ctx = zmq.Context()
+        self._ctx = self._hub.context if self._hub is not None else zmq.Context()
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, 100_000)
         sub.setsockopt(zmq.MAXMSGSIZE, MAX_EVENT_BYTES + _SLACK)
@@ -93,6 +99,8 @@ class Link:
         self._poller.register(sub, zmq.POLLIN)
         self._poller.register(dealer, zmq.POLLIN)
         self._sub, self._dealer = sub, dealer
+        if self._hub is not None:
+            self._hub.add(self, sub, dealer)
 
     def send(self, frames: List[bytes]) -> bool:
         """Queue one request; False when no connection can take it now."""
@@ -107,9 +115,20 @@ class Link:
         """Wait up to timeout_ms; return (live event frames, control replies)."""
         assert self._sub is not None and self._dealer is not None
         ready = dict(self._poller.poll(timeout_ms))
+        return self._read(self._dealer in ready, self._sub in ready)
+
+    def read(self) -> Tuple[List[bytes], List[List[bytes]]]:
+        """What has arrived, without waiting: (live event frames, control replies). For a hub's
+        link, once the hub's poll named it."""
+        if self._sub is None or self._dealer is None:
+            return [], []
+        return self._read(True, True)
+
+    def _read(self, replies_ready: bool, live_ready: bool) -> Tuple[List[bytes], List[List[bytes]]]:
+        assert self._sub is not None and self._dealer is not None
         live: List[bytes] = []
         replies: List[List[bytes]] = []
-        if self._dealer in ready:
+        if replies_ready:
             while len(replies) < _REPLIES_MAX:
                 try:
                     reply = self._recv_reply(self._dealer)
@@ -117,7 +136,7 @@ class Link:
                     break
                 if reply is not None:
                     replies.append(reply)
-        if self._sub in ready:
+        if live_ready:
             while len(live) < _DRAIN_MAX:
                 try:
                     live.append(self._sub.recv(zmq.NOBLOCK))
@@ -146,10 +165,100 @@ class Link:
         return frames
 
     def close(self) -> None:
+        if self._hub is not None:
+            self._hub.remove(self._sub, self._dealer)
         for sock in (self._sub, self._dealer):
             if sock is not None:
                 sock.close(linger=0)
-        if self._ctx is not None:
+        if self._ctx is not None and self._hub is None:
             self._ctx.term()
         self._sub = self._dealer = None
         self._ctx = None
+
+
+class Hub:
+    """Many links in one process (the follower daemon): one ZeroMQ context (one I/O thread for all)
+    and one poller over every link's sockets, plus the daemon's own control socket, a ROUTER bound
+    on a unix socket in a 0700 directory, which takes a request of one JSON frame and answers one."""
+
+    def __init__(self) -> None:
+        self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._poller = zmq.Poller()
+        self._owner: Dict[zmq.Socket[bytes], Link] = {}
+        self._control: Optional[zmq.Socket[bytes]] = None
+
+    def add(self, link: Link, *sockets: zmq.Socket[bytes]) -> None:
+        for sock in sockets:
+            self._owner[sock] = link
+            self._poller.register(sock, zmq.POLLIN)
+
+    def remove(self, *sockets: Optional[zmq.Socket[bytes]]) -> None:
+        for sock in sockets:
+            if sock is not None and self._owner.pop(sock, None) is not None:
+                self._poller.unregister(sock)
+
+    def bind_control(self, path: str) -> None:
+        """Answer requests on ipc://PATH (the caller made its directory 0700)."""
+        sock = self.context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, _CONTROL_MAX)
+        sock.setsockopt(zmq.RCVHWM, 1000)
+        sock.bind(f"ipc://{path}")
+        self._control = sock
+        self._poller.register(sock, zmq.POLLIN)
+
+    def poll(self, timeout_ms: int) -> Tuple[Set[Link], bool]:
+        """Wait up to timeout_ms: (the links with something to read, whether a request waits)."""
+        ready = dict(self._poller.poll(timeout_ms))
+        links = {self._owner[sock] for sock in ready if sock in self._owner}
+        return links, self._control is not None and self._control in ready
+
+    def requests(self) -> List[Tuple[bytes, bytes]]:
+        """The waiting requests: (who asked, the request's one frame); others are dropped."""
+        out: List[Tuple[bytes, bytes]] = []
+        while self._control is not None and len(out) < _REPLIES_MAX:
+            try:
+                frames = self._control.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(frames) == 3 and frames[1] == b"":   # a REQ's envelope: who, delimiter, body
+                out.append((frames[0], frames[2]))
+        return out
+
+    def answer(self, who: bytes, body: bytes) -> None:
+        assert self._control is not None
+        try:
+            self._control.send_multipart([who, b"", body], zmq.NOBLOCK)
+        except zmq.ZMQError as e:   # the asker left (it timed out): nobody to answer
+            log.debug("control answer dropped: %s", e)
+
+    def close(self) -> None:
+        if self._control is not None:
+            self._poller.unregister(self._control)
+            self._control.close(linger=0)
+            self._control = None
+        for sock in list(self._owner):
+            self.remove(sock)
+            sock.close(linger=0)
+        self.context.term()
+
+
+def ask(path: str, body: bytes, timeout_ms: int) -> Optional[bytes]:
+    """One request to a Hub's control socket at ipc://PATH: its answer, or None when none came
+    within timeout_ms (nobody serves there, or it is ending)."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sock = ctx.socket(zmq.REQ)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, _CONTROL_MAX)
+        sock.connect(f"ipc://{path}")
+        sock.send(body)
+        if not sock.poll(timeout_ms, zmq.POLLIN):
+            return None
+        return sock.recv(zmq.NOBLOCK)
+    except zmq.ZMQError as e:
+        log.debug("control request to %s failed: %s", path, e)
+        return None
+    finally:
+        sock.close(linger=0)
+        ctx.term()

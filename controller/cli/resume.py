@@ -135,9 +135,10 @@ def resume_command(run: str, host: str, checkpoint: Optional[str], run_id: Optio
         except (resume.ResumeError, SshError) as e:
             raise CliError(e.message, e.hint) from e
         if not no_watch:
-            from controller.follow.watcher import ensure_watcher
+            from controller.follow.client import follow
 
-            answer["watcher_pid"] = ensure_watcher(store, str(answer["run_id"]), launched=True)
+            answer["watcher_pid"] = answer["daemon_pid"] = follow(store, str(answer["run_id"]),
+                                                                 launched=True)
     _done(plan, answer, as_json)
 
 

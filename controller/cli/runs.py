@@ -177,7 +177,8 @@ def launch_command(host: str, command: Sequence[str], profile: Optional[str], ru
       rgt launch local --json -- python scripts/train_tiny.py
     Never put a secret in COMMAND: push it once with `rgt secret push HOST NAME`.
       rgt launch gpu1 --code . -- python train.py   (the tree to <root>/<project>/code, run there)
-    With --json: one object with run_id, run_dir, host, pid, watcher_pid.
+    With --json: one object with run_id, run_dir, host, pid, watcher_pid and daemon_pid (both the
+    follower daemon's pid: one process follows every run).
     """
     try:
         limit = None if yes else parse_size(code_limit)
@@ -195,10 +196,11 @@ def launch_command(host: str, command: Sequence[str], profile: Optional[str], ru
         _notice(store, profile or host_profile)
         watcher_pid = None
         if not no_watch:
-            from controller.follow.watcher import ensure_watcher
+            from controller.follow.client import follow
 
-            watcher_pid = ensure_watcher(store, str(answer["run_id"]), launched=True)
-    answer["watcher_pid"] = watcher_pid
+            watcher_pid = follow(store, str(answer["run_id"]), launched=True)
+    # The follower daemon follows the run: watcher_pid (what scripts read since rgt 0.1) is its pid.
+    answer["watcher_pid"] = answer["daemon_pid"] = watcher_pid
     if as_json:
         emit_json(answer)
         return
@@ -239,7 +241,7 @@ def _group_state(nodes: Sequence[Dict[str, Any]]) -> str:
 
 def _run_rows(store: Store, only: Optional[str]) -> List[Dict[str, Any]]:
     """One row per run, newest first; a multi-node group's row followed by its node streams'."""
-    from controller.follow.watcher import running_pid
+    from controller.follow.client import running_pid
     from controller.runs import groups
 
     infos = store.runs()

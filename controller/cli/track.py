@@ -81,7 +81,7 @@ def track(store: Store, host: str, run: str, *, root: Optional[str] = None,
     if plain and len(streams) > 1:
         raise CliError(f"{run} on {host} is both a run and a multi-node run's node streams",
                        hint="track one node stream by its id (RUN.NODE)")
-    from controller.follow.watcher import ensure_watcher
+    from controller.follow.client import follow
 
     before = {str(r["run"]) for r in store.runs()}
     if not plain:
@@ -91,7 +91,7 @@ def track(store: Store, host: str, run: str, *, root: Optional[str] = None,
         store.upsert_run(s.run, host="", target=host, run_dir=s.run_dir)
         if s.node:
             store.set_lineage(s.run, group_run=run, node=s.node)
-        pid = ensure_watcher(store, s.run) if watch else None
+        pid = follow(store, s.run) if watch else None
         rows.append({"run": s.run, "node": s.node or None, "run_dir": s.run_dir, "state": s.state,
                      "new": s.run not in before, "watcher_pid": pid})
     return {"run": run, "host": host, "group": not plain, "streams": rows}

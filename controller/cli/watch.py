@@ -61,10 +61,11 @@ def needs_watcher(store: Store, run: str) -> bool:
 
 
 def _watcher_starter(store: Store) -> Callable[[str], Any]:
-    """ensure_watcher bound to this store: a run's watcher is (re)started whenever it is watched."""
-    from controller.follow.watcher import ensure_watcher
+    """The follower daemon's follow bound to this store: a run is followed again whenever it is
+    watched (and the daemon started when none runs)."""
+    from controller.follow.client import follow
 
-    return lambda run: ensure_watcher(store, run)
+    return lambda run: follow(store, run)
 
 
 # ---- rgt watch --------------------------------------------------------------------
@@ -226,9 +227,12 @@ def watch_command(runs: Sequence[str], all_runs: bool, timeout: str, as_json: bo
     try:
         with Store.open() as store, sigterm_as_interrupt():
             starter = _watcher_starter(store)
+            from controller.follow.client import check_group
+
             try:
                 result = watch(store, runs, all_runs=all_runs, timeout_s=timeout_s,
-                               policy_overrides=overrides, from_now=from_now, ensure_watcher=starter)
+                               policy_overrides=overrides, from_now=from_now, ensure_watcher=starter,
+                               check_group=check_group)
             except (RunNotFound, AmbiguousRun) as e:
                 _usage(f"{e}" + (f" ({e.hint})" if e.hint else ""), runs)
     except (click.ClickException, click.exceptions.Exit, click.Abort):

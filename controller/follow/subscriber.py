@@ -42,7 +42,7 @@ from protocol import (
 from protocol.endpoints import Endpoints
 
 from controller import trust as boxtrust
-from controller.box.transport import CurveClient, Link
+from controller.box.transport import CurveClient, Hub, Link
 from controller.store.db import AmbiguousRun, RunNotFound, Store
 
 log = logging.getLogger(__name__)
@@ -92,13 +92,14 @@ class Subscriber:
     def __init__(self, store: Store, endpoints: Endpoints, *, curve: Optional[CurveClient] = None,
                  request_timeout_s: float = 2.0, resync_s: float = 5.0, page: int = 1000,
                  on_events: Optional[EventsHook] = None, renew_every_s: Optional[float] = None,
-                 expect_run: Optional[str] = None,
+                 expect_run: Optional[str] = None, hub: Optional[Hub] = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         """`expect_run`: the run this link must be (the watcher always names it); None learns the
-        run from the hello (`rgt track`, which attaches to whatever answers)."""
+        run from the hello (`rgt track`, which attaches to whatever answers). `hub`: the follower
+        daemon's, whose poll covers this link (then the daemon drives start/step/finish)."""
         self.store = store
         self.expect_run = None if expect_run is None else boxtrust.run_id(expect_run)
-        self.link = Link(endpoints, curve)
+        self.link = Link(endpoints, curve, hub)
         self.request_timeout_s = request_timeout_s
         self.resync_s = resync_s
         self.page = page
@@ -123,20 +124,39 @@ class Subscriber:
 
     def run_until(self, stop: threading.Event, until: Optional[Callable[[], bool]] = None) -> None:
         """Follow the sidecar until `stop` is set or `until()` is true."""
-        self.link.open()
+        self.start()
         try:
-            self._request("hello")
             while not stop.is_set():
-                live, replies = self.link.poll(self._poll_ms())
-                for frames in replies:
-                    self._on_reply(frames)
-                if live:
-                    self._on_live(live)
-                self._timers()
+                self._handle(*self.link.poll(self.wake_in_ms()))
                 if until is not None and until():
                     return
         finally:
-            self.link.close()
+            self.finish()
+
+    # The same loop, driven from outside (the follower daemon polls every link in one Hub):
+    # start(), then step() whenever the hub named this link or wake_in_ms() has passed, finish().
+
+    def start(self) -> None:
+        self.link.open()
+        self._request("hello")
+
+    def step(self) -> None:
+        """Take what arrived and run the timers; SubscriberError when the sidecar cannot be followed."""
+        self._handle(*self.link.read())
+
+    def finish(self) -> None:
+        self.link.close()
+
+    def _handle(self, live: List[bytes], replies: List[List[bytes]]) -> None:
+        for frames in replies:
+            self._on_reply(frames)
+        if live:
+            self._on_live(live)
+        self._timers()
+
+    def wake_in_ms(self) -> int:
+        """How soon the timers want a step, in ms (at most 1000)."""
+        return self._poll_ms()
 
     def _poll_ms(self) -> int:
         now = self._mono()

@@ -1,64 +1,58 @@
-"""The per-run background watcher: keeps the store equal to the box's journal.
+"""One run's follow: keeps the store equal to the box's journal.
 
-One process per run (a lock file under the state dir makes it one), started by
-`rgt launch`, `rgt watch` or `rgt status` through ensure_watcher(). It reaches
-the sidecar through a Link: for host `local` the run's own sockets, for an SSH
-host two unix-socket forwards on the host's shared ControlMaster. A Subscriber
-thread follows the sidecar; this module's loop supervises the link.
+The follower daemon (controller.follow.daemon) holds one Watcher per followed run and drives it
+from its one loop (controller.follow.loop): tick() every SUPERVISE_S supervises the link, step()
+lets the run's Subscriber take what the daemon's poll found. It reaches the sidecar through a
+Link: for host `local` the run's own sockets, for an SSH host two unix-socket forwards on the
+host's shared ControlMaster; in the daemon a connect runs on a small pool, never on the loop.
 
-When the link breaks (the master is killed, the box freezes and ServerAlive
-gives up, sshd stops), the loop records `link.lost` once, reconnects with
-capped, jittered backoff, re-adds the forwards and records `link.restored`.
-ZeroMQ reconnects by itself and the subscriber's `since` repair fetches what
-was published meanwhile, so nothing is lost or stored twice. A broken link
-says only that the transport is down: the events say so, never that the job
-died. When the link is up but no event arrives for three heartbeat intervals,
-`sidecar.silent` is recorded. A node stream of a multi-node run also checks its group's
-verdicts (controller.runs.groups) after each job event it stores, and every GROUP_RECHECK_S.
+When the link breaks (the master is killed, the box freezes and ServerAlive gives up, sshd
+stops), the watcher records `link.lost` once, reconnects with capped, jittered backoff, re-adds
+the forwards and records `link.restored`. ZeroMQ reconnects by itself and the subscriber's `since`
+repair fetches what was published meanwhile, so nothing is lost or stored twice. A broken link
+says only that the transport is down: the events say so, never that the job died. When the link
+is up but no event arrives for three heartbeat intervals, `sidecar.silent` is recorded. A node
+stream of a multi-node run also has its group's verdicts (controller.runs.groups) checked after
+each job event it stores, and every GROUP_RECHECK_S.
 
 A run is over when its job's exit is stored: `sidecar.stopping` alone ends nothing (a supervisor
-restarts a stopped sidecar while the job trains on). Once the exit is stored the watcher drains what
-follows it (custody's last checkpoint, the sidecar's stop) and ends: at once on the sidecar's stop,
-else after EXIT_SETTLE_S with nothing new, and at the latest EXIT_SETTLE_MAX_S after the exit. A
-watcher started for a run that had ended already (controller.runs.life) only fetches what the store lacks
-and ends, within CATCH_UP_S even when the box cannot be reached; `rgt launch` of a new attempt under
-the same run id leaves a marker (watchers/RUN.launched) so that its watcher waits for that attempt.
-The run id names the watcher's files and the tunnel sockets, so it is checked (controller.trust)
-before any path is made of it, and the subscriber refuses a sidecar that answers for another run or
-host.
-
-    python -m controller.follow.watcher RUN     (what ensure_watcher starts; logs to watchers/RUN.log)
+restarts a stopped sidecar while the job trains on). Once the exit is stored the watcher drains
+what follows it (custody's last checkpoint, the sidecar's stop) and ends: at once on the
+sidecar's stop, else after EXIT_SETTLE_S with nothing new, and at the latest EXIT_SETTLE_MAX_S
+after the exit. A follow begun for a run that had ended already (controller.runs.life) only fetches
+what the store lacks and ends, within CATCH_UP_S even when the box cannot be reached; `rgt launch`
+of a new attempt under the same run id leaves a marker (watchers/RUN.launched) so that its
+watcher waits for that attempt. The run id names these files and the tunnel sockets, so it is
+checked (controller.trust) before any path is made of it, and the subscriber refuses a sidecar
+that answers for another run or host.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import signal
 import subprocess
-import sys
 import threading
 import time
+from concurrent.futures import Executor, Future
 from pathlib import Path
-from types import FrameType
-from typing import Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from protocol import Event
 from protocol.endpoints import Endpoints
-from rgtlib import lockfile
 from rgtlib.backoff import Backoff
+from rgtlib.units import env_seconds
 
-from controller import paths, pidlock
+from controller import paths
 from controller import trust as boxtrust
 from controller.box.ssh import SshError
+from controller.box.transport import Hub
 from controller.follow.link import Link, LocalLink, SshLink, make_link, process_alive
 from controller.follow.subscriber import Subscriber, SubscriberError
 from controller.runs import groups, life
 from controller.store.db import Store, StoreError
 
-__all__ = ["Link", "LocalLink", "SshLink", "WatchRefused", "Watcher", "WatcherFiles",
-           "ensure_watcher", "files", "make_link", "outage_s", "process_alive", "running_pid",
-           "stop_watcher", "take_launch_mark"]
+__all__ = ["Link", "LocalLink", "SshLink", "WatchRefused", "Watcher", "WatcherFiles", "files",
+           "finished", "make_link", "outage_s", "process_alive", "take_launch_mark"]
 
 log = logging.getLogger(__name__)
 
@@ -77,21 +71,15 @@ GROUP_RECHECK_S = 30.0       # a node stream re-checks its group this often (a c
 
 def renew_every_s() -> float:
     """$RGT_DEADMAN_RENEW_S (tests make it short), else RENEW_EVERY_S."""
-    try:
-        value = float(os.environ.get("RGT_DEADMAN_RENEW_S", "") or RENEW_EVERY_S)
-    except ValueError:
-        return RENEW_EVERY_S
-    return value if value > 0 else RENEW_EVERY_S
+    return env_seconds("RGT_DEADMAN_RENEW_S", RENEW_EVERY_S)
 
 
-# ---- files and the one-per-run lock -------------------------------------------
+# ---- a run's files ---------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
 class WatcherFiles:
-    lock: Path
-    pid: Path
-    log: Path
+    followed: Path   # the daemon follows this run (it holds the daemon's pid); a restarted one resumes it
     launched: Path   # a new attempt was launched under this run id: its watcher waits for it
 
 
@@ -106,16 +94,15 @@ class WatchRefused(StoreError):
 
 
 def files(run: str) -> WatcherFiles:
-    """RUN's lock, pid and log file under watchers/; boxtrust.Untrusted for a run id that is not
-    one (the paths are made of it, and must stay in watchers/)."""
+    """RUN's files under watchers/; boxtrust.Untrusted for a run id that is not one (the paths
+    are made of it, and must stay in watchers/)."""
     name = boxtrust.run_id(run)
     d = watcher_dir()
-    return WatcherFiles(*(boxtrust.contained(d, f"{name}.{ext}")
-                          for ext in ("lock", "pid", "log", "launched")))
+    return WatcherFiles(*(boxtrust.contained(d, f"{name}.{ext}") for ext in ("followed", "launched")))
 
 
 def take_launch_mark(path: Path, now: Optional[float] = None) -> bool:
-    """Whether ensure_watcher(launched=True) left a fresh marker at `path` (it is removed, so one
+    """Whether follow(launched=True) left a fresh marker at `path` (it is removed, so one
     launch is taken once): a new attempt is on its way, and the stored end is the last one's."""
     try:
         text = path.read_text()
@@ -129,16 +116,6 @@ def take_launch_mark(path: Path, now: Optional[float] = None) -> bool:
     return -LAUNCHED_FRESH_S <= age <= LAUNCHED_FRESH_S
 
 
-def running_pid(run: str) -> Optional[int]:
-    """The pid of the watcher holding RUN's lock, or None when none does (none can for a run id
-    that is not one)."""
-    try:
-        f = files(run)
-    except boxtrust.Untrusted:
-        return None
-    return pidlock.holder(f.lock, f.pid)
-
-
 def _exit_stored(store: Store, run: str) -> bool:
     """The job of the run's latest attempt has its `job.exited` stored (after its `job.started`:
     a run relaunched in place, `rgt queue`'s retry, has an earlier attempt's exit stored)."""
@@ -149,7 +126,7 @@ def _exit_stored(store: Store, run: str) -> bool:
     return not starts or exits[-1].seq > starts[-1].seq
 
 
-def _finished(store: Store, run: str) -> bool:
+def finished(store: Store, run: str) -> bool:
     """The run's latest attempt was followed to its end: its job's exit is stored and its sidecar
     was seen stopping after it. A `sidecar.stopping` alone is no end: the supervisor restarts the
     sidecar while the job may still train."""
@@ -157,47 +134,6 @@ def _finished(store: Store, run: str) -> bool:
         return False
     exit_seq = store.events(run, kind_prefix="job.exited")[-1].seq
     return bool(store.events(run, since=exit_seq, kind_prefix="sidecar.stopping", limit=1))
-
-
-def ensure_watcher(store: Store, run: str, wait_s: float = 5.0, launched: bool = False) -> Optional[int]:
-    """Start RUN's background watcher unless one runs; its pid, or None when none is needed.
-
-    No watcher is needed for a run with no rgt host (one only attached by hand) or one
-    whose sidecar already stopped and was followed to the end. `launched`: the caller has
-    just started a new attempt (the same run id again), whose events nobody has stored yet,
-    so an earlier attempt's stop does not count.
-    """
-    info = store.run(run)
-    run_id = str(info["run"])
-    try:
-        f = files(run_id)
-    except boxtrust.Untrusted as e:
-        raise WatchRefused(f"rgt does not watch {run_id[:80]!r}: {e}",
-                           hint="a box chose that id before rgt checked run ids; launch the job "
-                                "again") from None
-    if not info["target"] or (not launched and _finished(store, run_id)):
-        return None
-    if launched:  # before looking for a watcher: a running one takes it too (Watcher.serve)
-        f.launched.write_text(f"{time.time():.3f}\n")
-    pid = running_pid(run_id)
-    if pid:
-        return pid
-    return pidlock.start("controller.follow.watcher", run_id, f.lock, f.pid, f.log, wait_s)
-
-
-def stop_watcher(run: str, timeout_s: float = 10.0) -> bool:
-    """SIGTERM RUN's watcher (only the pid its lock file names) and wait; True if one ran."""
-    pid = running_pid(run)
-    if not pid:
-        return False
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + timeout_s
-    while running_pid(run) == pid and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return True
 
 
 def outage_s(down_since: float, restored_at: float) -> float:
@@ -213,9 +149,20 @@ class Watcher:
     """Supervise one run's link and follow its sidecar into the store until the run is over."""
 
     def __init__(self, run: str, link: Link, *, monotonic: Callable[[], float] = time.monotonic,
-                 backoff: Optional[Backoff] = None, launch_mark: Optional[Path] = None) -> None:
-        """launch_mark: where ensure_watcher(launched=True) marks a new attempt (files(run).launched)."""
+                 backoff: Optional[Backoff] = None, launch_mark: Optional[Path] = None,
+                 connects: Optional[Executor] = None,
+                 check_group: Callable[[Store, str], Any] = groups.check) -> None:
+        """launch_mark: where follow(launched=True) marks a new attempt (files(run).launched).
+        connects: where link connects run (the daemon's pool), else in the caller's thread.
+        check_group: records a group's verdicts (the daemon's checks each group once a round)."""
         self.run = run
+        self.connects = connects
+        self.group_check = check_group
+        self.sub: Optional[Subscriber] = None
+        self.failure: Optional[str] = None      # why the sidecar could not be followed
+        self._connecting: Optional[Future[Endpoints]] = None
+        self._renew_off = False
+        self._began = False
         self.link = link
         self.launch_mark = launch_mark
         self._mono = monotonic
@@ -323,80 +270,122 @@ class Watcher:
                 if self._exited_at is None:
                     self._exited_at = self._mono()
 
-    def serve(self, store: Store, sub_store: Store) -> int:
-        """Run until the run is over or stop is set; 0 normally, 1 when the sidecar refuses us."""
-        sub: Optional[Subscriber] = None
-        thread: Optional[threading.Thread] = None
-        failure: Dict[str, str] = {}
-        renew_off = False
-        self.begin(store)
+    # ---- driven by a loop (controller.follow.loop): tick, step, end --------------------------
+
+    def tick(self, store: Store, hub: Optional[Hub] = None) -> bool:
+        """One round of supervision (every SUPERVISE_S): the link, the subscriber once there are
+        endpoints, silence and the group. True once the follow is over (then call end())."""
+        if not self._began:
+            self._began = True
+            self.begin(store)
+        if self.stop.is_set() or self.failure is not None:
+            return True
+        self._take_launch_mark()
+        if self.caught_up_too_long():
+            log.warning("run %s had ended and its sidecar could not be reached within %gs: "
+                        "stopping; the next `rgt watch` or `rgt status` tries again", self.run, CATCH_UP_S)
+            return True
+        endpoints = self._supervise(store)
+        if endpoints is not None and self.sub is None:
+            # A run that had ended keeps no box alive: its catch-up renews no dead-man lease.
+            self._renew_off = self._catching_up()
+            self.sub = Subscriber(store, endpoints, on_events=self.on_events,
+                                  renew_every_s=None if self._renew_off else renew_every_s(),
+                                  expect_run=self.run, hub=hub)
+            self.sub.start()
+        if self.sub is None:
+            return False
+        if self._renew_off and not self._catching_up():   # it came back to life: renew
+            self._renew_off, self.sub.renew_every_s = False, renew_every_s()
+        self._exit_from_store(store)
+        self._check_silence(store)
+        self._check_group(store)
+        return self.done(self.sub)
+
+    def step(self) -> None:
+        """Let the subscriber take what arrived and run its timers. A sidecar that cannot be
+        followed (it refused us, or sent what broke the follow) ends this follow only."""
+        if self.sub is None or self.failure is not None:
+            return
         try:
-            while not self.stop.is_set():
-                self._take_launch_mark()
-                if self.caught_up_too_long():
-                    log.warning("run %s had ended and its sidecar could not be reached within %gs: "
-                                "stopping; the next `rgt watch` or `rgt status` tries again",
-                                self.run, CATCH_UP_S)
-                    break
-                endpoints = self._supervise(store)
-                if endpoints is not None and sub is None:
-                    # A run that had ended keeps no box alive: its catch-up renews no dead-man lease.
-                    renew_off = self._catching_up()
-                    sub = Subscriber(sub_store, endpoints, on_events=self.on_events,
-                                     renew_every_s=None if renew_off else renew_every_s(),
-                                     expect_run=self.run)
-                    thread = threading.Thread(target=self._follow, args=(sub, failure),
-                                              name=f"subscriber-{self.run}", daemon=True)
-                    thread.start()
-                if sub is not None:
-                    if renew_off and not self._catching_up():   # it came back to life: renew
-                        renew_off, sub.renew_every_s = False, renew_every_s()
-                    self._exit_from_store(store)
-                    self._check_silence(store)
-                    self._check_group(store)
-                    if self.done(sub) or (thread is not None and not thread.is_alive()):
-                        break
-                self.stop.wait(SUPERVISE_S)
+            self.sub.step()
+        except SubscriberError as e:
+            log.error("%s", e)
+            self.failure = str(e)
+        except Exception as e:  # whatever a box sent: the run's record says the follow broke
+            log.exception("following %s failed", self.run)
+            self.failure = f"rgt could not follow the sidecar: {type(e).__name__}: {str(e)[:300]}"
+
+    def wake_in_s(self) -> Optional[float]:
+        """When the subscriber's timers want a step (seconds from now); None before it exists."""
+        if self.sub is None or self.failure is not None:
+            return None
+        return self.sub.wake_in_ms() / 1000.0
+
+    def end(self, store: Store) -> int:
+        """Close the subscriber and the link; 0, or 1 (recorded as sidecar.degraded) when the
+        sidecar could not be followed."""
+        self.stop.set()
+        try:
+            if self.sub is not None:
+                self.sub.finish()
         finally:
-            self.stop.set()
-            if thread is not None:
-                thread.join(10.0)
-        if failure:
+            self.link.close()
+        if self.failure is not None:
             store.add_local_event(self.run, "sidecar.degraded", "warn",
-                                  {"source": "controller", "error": failure["error"]})
+                                  {"source": "controller", "error": self.failure})
             return 1
         return 0
 
-    def _follow(self, sub: Subscriber, failure: Dict[str, str]) -> None:
+    def serve(self, store: Store) -> int:
+        """Follow this one run in the calling thread until it is over or stop is set (what the
+        follower daemon does for every run at once); 0 normally, 1 when the sidecar refuses us."""
+        from controller.follow.loop import Loop
+
+        loop = Loop(store, stop=self.stop)
         try:
-            sub.run_until(self.stop, lambda: self.done(sub))
-        except SubscriberError as e:
-            log.error("%s", e)
-            failure["error"] = str(e)
-        except Exception as e:  # whatever a box sent: the run's record says the follow broke
-            log.exception("following %s failed", self.run)
-            failure["error"] = f"rgt could not follow the sidecar: {type(e).__name__}: {str(e)[:300]}"
+            loop.add(self.run, self)
+            loop.run(until_empty=True)
         finally:
-            self.stop.set()
+            loop.close()
+        return loop.codes.get(self.run, 0)
 
     def _supervise(self, store: Store) -> Optional[Endpoints]:
-        """Check the link; reconnect when due. Endpoints after each (re)connect, else None."""
-        now = self._mono()
+        """Check the link; reconnect when due (on the connects pool when there is one, so a slow
+        box holds up no other run). Endpoints after each (re)connect, else None."""
+        if self._connecting is not None:
+            if not self._connecting.done():
+                return None
+            pending, self._connecting = self._connecting, None
+            try:
+                return self._connected(store, pending.result())
+            except (SshError, OSError, subprocess.TimeoutExpired) as e:
+                self._connect_failed(store, e)
+                return None
         if self.link_up and self.link.alive():
             return None
         if self.link_up:
             self._went_down(store, "the SSH connection to the box closed")
-        if now < self._next_try:
+        if self._mono() < self._next_try:
+            return None
+        if self.connects is not None:
+            self._connecting = self.connects.submit(self.link.connect)
             return None
         try:
             endpoints = self.link.connect()
         except (SshError, OSError, subprocess.TimeoutExpired) as e:
-            now = self._mono()   # a connect can take long (ssh's timeouts): count from its end
-            if self._ever_up or now - self._started >= STARTUP_GRACE_S:
-                self._went_down(store, str(e))
-            self._next_try = now + self.backoff.next()
-            log.info("run %s: link down (%s); next try in %.1fs", self.run, e, self._next_try - now)
+            self._connect_failed(store, e)
             return None
+        return self._connected(store, endpoints)
+
+    def _connect_failed(self, store: Store, e: BaseException) -> None:
+        now = self._mono()   # a connect can take long (ssh's timeouts): count from its end
+        if self._ever_up or now - self._started >= STARTUP_GRACE_S:
+            self._went_down(store, str(e))
+        self._next_try = now + self.backoff.next()
+        log.info("run %s: link down (%s); next try in %.1fs", self.run, e, self._next_try - now)
+
+    def _connected(self, store: Store, endpoints: Endpoints) -> Endpoints:
         now = self._mono()   # after the connect, on the clock _down_since was read from
         attempts = self.backoff.attempts   # the failed tries before this one
         self.backoff.reset()
@@ -436,7 +425,7 @@ class Watcher:
             if self._group is None or (due and not self._group):
                 self._group = groups.group_of(store, self.run) or ""
             if self._group:
-                groups.check(store, self._group)
+                self.group_check(store, self._group)
         except Exception:  # a verdict about the group must never cost this stream its watcher
             log.exception("run %s: checking its group %s failed", self.run, self._group)
 
@@ -454,48 +443,3 @@ class Watcher:
         elif silent_s < budget and self._silent:
             self._silent = False
             store.add_local_event(self.run, "sidecar.silent", "info", {"state": "cleared"})
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: python -m controller.follow.watcher RUN", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    try:
-        f = files(args[0])
-    except boxtrust.Untrusted as e:
-        print(f"controller.follow.watcher: refused: {e}", file=sys.stderr)
-        return 2
-    try:
-        lockfile.lock_with_pid(f.lock, f.pid)  # its fd stays open: held until this process ends
-    except lockfile.Held:
-        log.info("another watcher follows %s", args[0])
-        return 0
-    with Store.open() as store, Store.open() as sub_store:
-        info = store.run(args[0])
-        run = str(info["run"])
-        try:
-            watcher = Watcher(boxtrust.run_id(run), make_link(store, info), launch_mark=f.launched)
-        except boxtrust.Untrusted as e:
-            log.error("refused to watch %r: %s", run[:80], e)
-            f.pid.unlink(missing_ok=True)
-            return 2
-
-        def stop(signum: int, frame: Optional[FrameType]) -> None:
-            watcher.stop.set()
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        log.info("watching %s on %s (%s)", run, info["target"], info["run_dir"])
-        try:
-            code = watcher.serve(store, sub_store)
-        finally:
-            watcher.link.close()
-            f.pid.unlink(missing_ok=True)
-        log.info("stopped watching %s", run)
-        return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,19 +1,19 @@
 """The queue dispatcher: places a queue's cells on its hosts until every cell is done or failed.
 
-One process per queue (a lock file under the state dir makes it one), started by `rgt queue FILE`
-and restarted by `rgt queue status` / `rgt queue resume` through ensure_dispatcher(); or run in
-the foreground by `rgt queue FILE --foreground`. It keeps no state of its own that matters: each
-tick reads the cells from the store, judges the running ones from the events their watchers
-stored (controller.queue.model.classify), and launches waiting cells on free hosts. Killing it loses
-nothing; the next one carries on from the rows.
+The follower daemon drives each queue on a thread of its own (controller.daemon.queues), asked
+by `rgt queue FILE` and again by `rgt queue status` / `rgt queue resume` through
+ensure_dispatcher(); or `rgt queue FILE --foreground` drives it in the terminal. The queue's lock
+file under the state dir keeps it to one driver (its pid file names the process: the daemon's, or
+the terminal's). It keeps no state of its own that matters: each tick reads the cells from the
+store, judges the running ones from the events their follows stored (controller.queue.model.classify),
+and launches waiting cells on free hosts. Killing the daemon loses nothing; the next one carries
+on from the rows.
 
 Placement: a host runs one cell of the queue at a time. A cell whose last attempt may be retried
 (preempted, link lost, launch failed) goes back to its own host under the same run id, which
 the box resumes in place from its newest good checkpoint, when that host is free and answers;
 otherwise it starts under a new run id on another free host, linked to the old run
 (Store.set_lineage resumed_from). A host whose launch failed rests a while before the next one.
-
-    python -m controller.queue.dispatch NAME     (what ensure_dispatcher starts; logs to queues/NAME.log)
 """
 from __future__ import annotations
 
@@ -22,11 +22,9 @@ import dataclasses
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from rgtlib import lockfile
@@ -56,17 +54,17 @@ OnChange = Callable[[q.Change], None]
 class DispatcherFiles:
     lock: Path
     pid: Path
-    log: Path
 
 
 def files(name: str) -> DispatcherFiles:
     d = paths.state_dir() / "queues"
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return DispatcherFiles(lock=d / f"{name}.lock", pid=d / f"{name}.pid", log=d / f"{name}.log")
+    return DispatcherFiles(lock=d / f"{name}.lock", pid=d / f"{name}.pid")
 
 
 def running_pid(name: str) -> Optional[int]:
-    """The pid of the dispatcher holding NAME's lock, or None when none does."""
+    """The pid of the process driving NAME (holding its lock: the daemon, or a terminal's
+    `rgt queue --foreground`), or None when none does."""
     f = files(name)
     return pidlock.holder(f.lock, f.pid)
 
@@ -92,26 +90,39 @@ def holding(name: str) -> Iterator[None]:
         os.close(fd)
 
 
-def ensure_dispatcher(store: Store, name: str, wait_s: float = 5.0) -> Optional[int]:
-    """Start NAME's background dispatcher unless one runs, or the queue is over or cancelled;
-    its pid, or None when none is needed."""
+def ensure_dispatcher(store: Store, name: str) -> Optional[int]:
+    """Have the follower daemon drive NAME unless something drives it, or the queue is over or
+    cancelled; the driver's pid, or None when none is needed (or none could start: the daemon's
+    log says why)."""
+    from controller.follow import client
+
     queue = q.load(store, name)
     if queue.options.cancelled or q.finished(q.cells(store, name)):
         return None
     pid = running_pid(name)
     if pid:
         return pid
-    f = files(name)
-    return pidlock.start("controller.queue.dispatch", name, f.lock, f.pid, f.log, wait_s)
+    answer = client.ask_daemon({"op": "dispatch", "queue": name}, start=True)
+    if answer is None or not answer.get("ok"):
+        log.warning("the follower daemon does not drive queue %s: %s", name,
+                    (answer or {}).get("error", "no answer"))
+    return running_pid(name)
 
 
 def stop_dispatcher(name: str, timeout_s: float = 10.0) -> Optional[int]:
-    """SIGTERM NAME's dispatcher (the pid its lock file names) and wait; that pid, or None."""
+    """Stop whatever drives NAME and wait for its lock: the daemon is asked (it stops only that
+    queue), a terminal's `rgt queue --foreground` gets SIGTERM (the pid its lock file names);
+    that pid, or None when nothing drove it."""
+    from controller.follow import client
+
     pid = running_pid(name)
     if not pid:
         return None
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
+    if pid == client.daemon_pid():
+        client.ask_daemon({"op": "undispatch", "queue": name}, start=False)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while running_pid(name) == pid and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -151,20 +162,20 @@ def watch_run(store: Store, run: str, since_seq: int) -> Optional[int]:
     A run resumed in place has its earlier attempt's exit and stop stored and the new attempt's
     events are stored by the very watcher started here: `launched` says so, until this attempt's
     own exit and stop are stored (a stop alone ends nothing: the job may live on)."""
-    from controller.follow import watcher
+    from controller.follow import client
 
     start = q.attempt_start(store, run, since_seq) if since_seq > 0 else None
     ended = start is not None and all(store.events(run, since=start, kind_prefix=kind, limit=1)
                                       for kind in ("job.exited", "sidecar.stopping"))
-    return watcher.ensure_watcher(store, run, launched=since_seq > 0 and not ended)
+    return client.follow(store, run, launched=since_seq > 0 and not ended)
 
 
 def stop_old_watcher(run: str) -> None:
     """Before a run is resumed in place: its earlier attempt's watcher ends on that attempt's
     exit and stop, so it must not be the one left to follow the new attempt."""
-    from controller.follow import watcher
+    from controller.follow import client
 
-    watcher.stop_watcher(run)
+    client.unfollow(run)
 
 
 # ---- the dispatcher ----------------------------------------------------------------------
@@ -342,32 +353,3 @@ class Dispatcher:
             self._watch(self.store, cell.run, since)
         except (StoreError, OSError) as e:
             log.warning("could not start the watcher of %s: %s", cell.run, e)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: python -m controller.queue.dispatch NAME", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    name = args[0]
-    try:
-        with holding(name), Store.open() as store:
-            dispatcher = Dispatcher(store, name)
-
-            def stop(signum: int, frame: Optional[FrameType]) -> None:
-                dispatcher.stop.set()
-
-            signal.signal(signal.SIGTERM, stop)
-            signal.signal(signal.SIGINT, stop)
-            log.info("dispatching queue %s", name)
-            code = dispatcher.serve()
-            log.info("stopped dispatching queue %s (exit %d)", name, code)
-            return code
-    except Busy:
-        log.info("another dispatcher drives queue %s", name)
-        return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -28,10 +28,12 @@ largest one. Waiting is a cheap PRAGMA data_version poll; the events are re-read
 another connection committed.
 
 A multi-node run (controller.runs.groups) is watched as its group's row and every node stream. The
-group's verdicts (job.rank_failed, the hung verdict) are recorded by the node streams' watchers;
-the watch checks them too, as it starts, at most every GROUP_CHECK_S while events arrive, and
-when a node's failed exit is about to wake it while other nodes run: it then wakes on the
-job.rank_failed that explains the exit, and that exit does not wake the next watch again.
+group's verdicts (job.rank_failed, the hung verdict) are recorded by one writer, the follower
+daemon (controller.follow.daemon), as its node streams' events arrive. The watch only reads them;
+it asks the daemon to check them (`check_group`, which answers once they are recorded) as it
+starts, at most every GROUP_CHECK_S while events arrive, and when a node's failed exit is about to
+wake it while other nodes run: it then wakes on the job.rank_failed that explains the exit, and
+that exit does not wake the next watch again.
 """
 from __future__ import annotations
 
@@ -61,6 +63,8 @@ from controller.wake.policy import Policy
 
 log = logging.getLogger(__name__)
 
+CheckGroup = Callable[[str], Any]
+
 EXIT_CLEAN = 0
 EXIT_MATERIAL = 10
 EXIT_TIMEOUT = 3
@@ -68,7 +72,7 @@ EXIT_LINK = 4
 POLL_S = 0.05
 ENSURE_EVERY_S = 5.0
 PAGE = 5000
-GROUP_CHECK_S = 1.0   # how often a watch checks its groups itself (their node watchers do it too)
+GROUP_CHECK_S = 1.0   # how often a watch has its groups checked (the daemon does it on events too)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,12 +174,14 @@ def _link_groups(store: Store, states: Dict[str, _Run]) -> None:
             node.siblings = [st, *(other for other in nodes if other is not node)]
 
 
-def _check_groups(store: Store, states: Mapping[str, _Run]) -> None:
-    """Record what the watched groups' nodes say together before anything is judged."""
+def _check_groups(check_group: Optional[CheckGroup], states: Mapping[str, _Run]) -> None:
+    """Have what the watched groups' nodes say together recorded before anything is judged."""
+    if check_group is None:
+        return
     for st in states.values():
         if st.group:
             try:
-                groups.check(store, st.run)
+                check_group(st.run)
             except Exception:  # the watch goes on with what is stored; the reason is logged
                 log.warning("could not check the group %s", st.run, exc_info=True)
 
@@ -297,9 +303,11 @@ def _lease(store: Store, ev: AnyEvent) -> Optional[str]:
 
 
 class _Watch:
-    def __init__(self, store: Store, now: Callable[[], float], all_runs: bool = False) -> None:
+    def __init__(self, store: Store, now: Callable[[], float], all_runs: bool = False,
+                 check_group: Optional[CheckGroup] = None) -> None:
         self.store = store
         self.now = now
+        self.check_group = check_group
         self.all_runs = all_runs
         self.marks: Dict[str, Any] = {}   # Store.change_marks() as last judged
         self.states: Dict[str, _Run] = {}
@@ -377,12 +385,12 @@ class _Watch:
 
     def rank_failed(self, st: _Run, exit_wake: wake.Wake) -> Optional[WatchResult]:
         """A node's failed exit while other nodes of a watched group run is what job.rank_failed
-        says: make sure it is recorded (groups.check) and wake on it, on the group's row."""
+        says: make sure it is recorded (by the daemon: check_group) and wake on it, on the group's row."""
         group = next((s for s in st.siblings if s.group), None)
-        if group is None:
+        if group is None or self.check_group is None:
             return None
         try:
-            groups.check(self.store, group.run)
+            self.check_group(group.run)
         except Exception:  # the exit itself still wakes; the reason is logged
             log.warning("could not check the group %s", group.run, exc_info=True)
             return None
@@ -496,13 +504,15 @@ def watch(store: Store, runs: Sequence[str] = (), *, all_runs: bool = False,
           from_now: bool = False, now: Callable[[], float] = time.time,
           sleep: Callable[[float], Any] = time.sleep, monotonic: Callable[[], float] = time.monotonic,
           ensure_watcher: Optional[Callable[[str], Any]] = None, poll_s: float = POLL_S,
-          ensure_every_s: float = ENSURE_EVERY_S) -> WatchResult:
+          ensure_every_s: float = ENSURE_EVERY_S, check_group: Optional[CheckGroup] = None) -> WatchResult:
     """Watch `runs` (ids or unique prefixes) or, with all_runs, every run not ended yet (and the
     queue cells not launched yet).
 
     ValueError for a bad call or bad overrides, StoreError (RunNotFound, ...) for a
     run the store does not know; otherwise a WatchResult (see the module doc).
-    `sleep` is called between polls and `ensure_watcher(run)` every ensure_every_s.
+    `sleep` is called between polls and `ensure_watcher(run)` (the daemon's follow) every
+    ensure_every_s; `check_group(group)` has a group's verdicts recorded (the daemon's; None: the
+    watch only reads what is recorded).
     """
     if all_runs == bool(runs):
         raise ValueError("give a run id, or all_runs" if not runs else "give run ids or all_runs, not both")
@@ -511,7 +521,7 @@ def watch(store: Store, runs: Sequence[str] = (), *, all_runs: bool = False,
     names = live_runs(store) if all_runs else [store.resolve_run(r) for r in runs]
     names = _expand(store, names)
     again = again_command(names if not all_runs else (), all_runs)
-    w = _Watch(store, now, all_runs)
+    w = _Watch(store, now, all_runs, check_group)
     w.waiting = waiting_cells(store) if all_runs else {}
     if not names and not w.waiting:
         return _nothing(now(), again)
@@ -529,7 +539,7 @@ def watch(store: Store, runs: Sequence[str] = (), *, all_runs: bool = False,
         current = store.data_version()
         if first or (current != version and monotonic() >= next_group_check):
             next_group_check = monotonic() + GROUP_CHECK_S
-            _check_groups(store, w.states)
+            _check_groups(check_group, w.states)
         result = w.step(changed=current != version)
         version = current
         if result is not None:

@@ -50,6 +50,10 @@ class Box:
         self.store.apply(stream, [ev], seq)
         return ev
 
+    def check_group(self, group: str) -> None:
+        """The follower daemon's part (`rgt watch` asks it to record a group's verdicts)."""
+        groups.check(self.store, group)
+
     def start(self, *streams: str) -> None:
         for s in streams or (N0, N1):
             self.add(s, "sidecar.started")
@@ -223,12 +227,12 @@ def test_a_node_streams_watcher_checks_its_group_after_a_job_event(box: Box) -> 
 def test_watching_the_group_wakes_on_rank_failed_first_and_not_again_on_that_exit(box: Box) -> None:
     box.start()
     box.add(N1, "job.exited", "warn", code=1, final_ok=False)
-    # no watcher recorded the verdict yet: the watch checks the group before it judges
-    first = watch(box.store, [RUN], timeout_s=WAIT_S, poll_s=0.01)
+    # no node stream's follow recorded the verdict yet: the watch has the daemon check the group first
+    first = watch(box.store, [RUN], timeout_s=WAIT_S, poll_s=0.01, check_group=box.check_group)
     assert first.exit_code == 10 and first.record["run"] == RUN
     event = first.record["event"]
     assert event["kind"] == "job.rank_failed" and event["data"]["node"] == "n1"
-    again = watch(box.store, [RUN], timeout_s=0.2, poll_s=0.01)
+    again = watch(box.store, [RUN], timeout_s=0.2, poll_s=0.01, check_group=box.check_group)
     assert again.exit_code == 3 and set(again.record["runs"]) == {RUN, N0}
     assert again.record["status"][RUN].startswith("rank failed: node n1")
 
@@ -238,7 +242,7 @@ def test_watch_all_covers_the_group_and_wakes_on_its_verdict(box: Box) -> None:
     box.start()
     box.add(N1, "job.exited", "warn", code=1, final_ok=False)
     assert set(live_runs(box.store)) == {"plain", RUN, N0}
-    result = watch(box.store, all_runs=True, timeout_s=WAIT_S, poll_s=0.01)
+    result = watch(box.store, all_runs=True, timeout_s=WAIT_S, poll_s=0.01, check_group=box.check_group)
     assert result.exit_code == 10 and result.record["event"]["kind"] == "job.rank_failed"
 
 
@@ -263,7 +267,8 @@ def test_a_live_watch_wakes_on_rank_failed_rather_than_the_exit_it_explains(
     thread = threading.Thread(target=fail_n1, name="fail-n1")
     thread.start()
     try:
-        result = watch(box.store, [RUN], timeout_s=WAIT_S, poll_s=0.01, sleep=sleep)
+        result = watch(box.store, [RUN], timeout_s=WAIT_S, poll_s=0.01, sleep=sleep,
+                       check_group=box.check_group)
     finally:
         polling.set()
         thread.join(WAIT_S)
@@ -275,11 +280,11 @@ def test_a_live_watch_wakes_on_rank_failed_rather_than_the_exit_it_explains(
 def test_one_node_finishing_cleanly_does_not_end_the_groups_watch(box: Box) -> None:
     box.start()
     box.add(N0, "job.exited", "warn", at=time.time(), code=0, final_ok=True)
-    early = watch(box.store, [RUN], timeout_s=0.2, poll_s=0.01)
+    early = watch(box.store, [RUN], timeout_s=0.2, poll_s=0.01, check_group=box.check_group)
     assert early.exit_code == 3
     assert RUN in live_runs(box.store) and N1 in live_runs(box.store) and N0 not in live_runs(box.store)
     box.add(N1, "job.exited", "warn", at=time.time(), code=0, final_ok=True)
-    done = watch(box.store, [RUN], timeout_s=WAIT_S, poll_s=0.01)
+    done = watch(box.store, [RUN], timeout_s=WAIT_S, poll_s=0.01, check_group=box.check_group)
     assert done.exit_code == 0 and done.record["run"] == N1
     assert live_runs(box.store) == []
     assert watch(box.store, all_runs=True, timeout_s=WAIT_S).exit_code == 0

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 import threading
 import time
@@ -22,21 +21,22 @@ from controller import paths
 from controller.box import jobs as boxes
 from controller.box.jobs import BoxError
 from controller.cli import main as cli
-from controller.follow import watcher
+from controller.daemon.server import Daemon
+from controller.follow import client, watcher
 from controller.follow.subscriber import Subscriber, SubscriberRefused
-from controller.follow.watcher import LocalLink, SshLink, Watcher, WatchRefused, _finished
+from controller.follow.watcher import LocalLink, SshLink, Watcher, WatchRefused, finished
 from controller.pull.fetch import PullError, destination
 from controller.pull.stage import Entry, check_entries, prepare
 from controller.queue import dispatch
 from controller.queue import model as q
 from controller.store.db import Store
 from controller.trust import Untrusted
-from onbox.sidecar.server import Sidecar, SidecarConfig
 from protocol import PACKAGE_VERSION, PROTOCOL_VERSION, Event, HelloReply, SinceReply
 from protocol.codec import decode_request, encode_event, encode_reply
 from protocol.control import Hello, Since
 from protocol.endpoints import Endpoints
 from protocol.ids import is_run_id
+from tests.controller.sidecars import RealSidecar
 from tests.helpers import wait_until
 
 VICTIM = "run-b"
@@ -244,7 +244,7 @@ def test_queue_names_and_run_ids_follow_the_run_id_grammar() -> None:
 def test_the_watcher_makes_no_path_of_a_bad_run_id(home: Path, store: Store, run: str) -> None:
     with pytest.raises(Untrusted, match="is not a run id"):
         watcher.files(run)
-    assert watcher.running_pid(run) is None
+    assert client.running_pid(run) is None and client.unfollow(run) is False
     with pytest.raises(Untrusted):
         SshLink(None, run, "/runs/p/active/x", home / "tunnels")  # type: ignore[arg-type]
     assert not Path("/tmp/abs.lock").exists() and not (home / "tunnels").exists()
@@ -252,23 +252,33 @@ def test_the_watcher_makes_no_path_of_a_bad_run_id(home: Path, store: Store, run
 
 def test_the_watcher_files_stay_in_watchers(home: Path) -> None:
     f = watcher.files("run-1")
-    assert {p.parent for p in (f.lock, f.pid, f.log)} == {(home / "watchers").resolve()}
-    os.symlink("/tmp", home / "watchers" / "run-2.lock")
+    assert {p.parent for p in (f.followed, f.launched)} == {(home / "watchers").resolve()}
+    os.symlink("/tmp", home / "watchers" / "run-2.followed")
     with pytest.raises(Untrusted, match="leads out of"):
         watcher.files("run-2")
 
 
-def test_ensure_watcher_refuses_a_stored_bad_run_readably(store: Store) -> None:
+def test_follow_refuses_a_stored_bad_run_readably(store: Store) -> None:
     store.upsert_run("../../etc/x", host="", target="gpu", run_dir="/r/x")  # recorded by an older rgt
     with pytest.raises(WatchRefused, match="rgt does not watch '../../etc/x'"):
-        watcher.ensure_watcher(store, "../../etc/x")
+        client.follow(store, "../../etc/x")
+    assert client.daemon_pid() is None               # refused before any daemon was started
 
 
-def test_python_m_controller_watcher_refuses_a_bad_run(home: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "controller.follow.watcher", "../../x"], capture_output=True,
-                          text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
-    assert done.returncode == 2 and "refused: run id '../../x' is not a run id" in done.stderr, done.stderr
-    assert not (home / "watchers").exists() or not list((home / "watchers").iterdir())
+def test_the_daemon_refuses_a_bad_run_in_a_request_and_in_a_marker(home: Path, store: Store) -> None:
+    store.upsert_run("../../etc/x", host="", target="gpu", run_dir="/r/x")
+    d = Daemon(store, idle_s=60.0)
+    try:
+        answer = json.loads(d.answer(b'{"op": "follow", "run": "../../etc/x"}'))
+        assert answer["ok"] is False and "is not a run id" in answer["error"]
+        assert json.loads(d.answer(b"not json"))["error"] == "not a request"
+        assert json.loads(d.answer(b'{"op": "follow"}'))["error"] == "no run named"
+        marker = watcher.watcher_dir() / "..x.followed"   # a name no run id has, left in watchers/
+        marker.write_text("")
+        d.resume()
+        assert not marker.exists() and d.loop.follows == {}
+    finally:
+        d.loop.close()
 
 
 # ---- the pull --------------------------------------------------------------------------------------------
@@ -303,26 +313,6 @@ def test_a_manifest_entry_leading_out_of_staging_is_refused_before_anything_is_w
 
 
 # ---- the sidecar's hello ----------------------------------------------------------------------------------
-
-
-class RealSidecar:
-    """A real sidecar serving on a thread (as tests/controller/test_subscriber.py runs one)."""
-
-    def __init__(self, run_dir: Path, host: str) -> None:
-        self.run_dir = run_dir
-        self.sidecar = Sidecar(SidecarConfig(run_dir=run_dir, host=host, heartbeat_s=3600, gpu="none",
-                                             kmsg=False))
-        self.sidecar.start()
-        self.thread = threading.Thread(target=self.sidecar.serve, name="test-serve")
-        self.thread.start()
-
-    def endpoints(self) -> Endpoints:
-        return Endpoints.read(self.run_dir / "rgt")
-
-    def close(self) -> None:
-        self.sidecar.stop()
-        self.thread.join(10)
-        self.sidecar.close()
 
 
 @pytest.fixture
@@ -451,8 +441,8 @@ def test_a_watcher_refused_by_the_sidecar_records_why_and_stops(tmp_path: Path, 
     sidecars.append(evil)
     w = Watcher("run-a", LocalLink(str(evil.run_dir)))
     result: List[int] = []
-    with Store.open(store.path) as sub_store, Store.open(store.path) as main_store:
-        t = threading.Thread(target=lambda: result.append(w.serve(main_store, sub_store)),
+    with Store.open(store.path) as main_store:
+        t = threading.Thread(target=lambda: result.append(w.serve(main_store)),
                              name="test-watcher")
         t.start()
         try:
@@ -478,12 +468,12 @@ class Caught:
 def test_a_stopping_sidecar_alone_does_not_finish_a_run(store: Store) -> None:
     store.apply("r", [ev("r", 1, "sidecar.started"), ev("r", 2, "job.started"),
                       ev("r", 3, "sidecar.stopping")], 3)
-    assert not _finished(store, "r")                # the supervisor restarts the sidecar; the job trains on
+    assert not finished(store, "r")                # the supervisor restarts the sidecar; the job trains on
     store.apply("r", [ev("r", 4, "sidecar.started"), ev("r", 5, "train.nonfinite"),
                       ev("r", 6, "job.exited")], 6)
-    assert not _finished(store, "r")                # exited, but its sidecar still reports
+    assert not finished(store, "r")                # exited, but its sidecar still reports
     store.apply("r", [ev("r", 7, "sidecar.stopping")], 7)
-    assert _finished(store, "r")
+    assert finished(store, "r")
 
 
 def test_the_watcher_goes_on_after_a_stop_until_the_exit_is_stored(store: Store) -> None:
@@ -521,8 +511,8 @@ def test_a_real_watcher_follows_through_a_sidecar_restart(tmp_path: Path, store:
     first.sidecar.emit("job.started", {"pid": 1})
     w = Watcher("run-r", LocalLink(str(run_dir)))
     result: List[int] = []
-    with Store.open(store.path) as sub_store, Store.open(store.path) as main_store:
-        t = threading.Thread(target=lambda: result.append(w.serve(main_store, sub_store)),
+    with Store.open(store.path) as main_store:
+        t = threading.Thread(target=lambda: result.append(w.serve(main_store)),
                              name="test-watcher")
         t.start()
         try:

@@ -16,6 +16,7 @@ from click.testing import CliRunner, Result
 
 from controller.box.jobs import BoxError
 from controller.cli import main as cli
+from controller.follow import client
 from controller.queue import dispatch as queuerun
 from controller.queue import model as q
 from controller.queue.dispatch import Dispatcher
@@ -429,4 +430,6 @@ def test_status_starts_a_dispatcher_for_a_queue_still_going_and_cancel_ends_it(s
     cancelled = rgt("queue", "cancel", "abl", "--json")
     assert cancelled.exit_code == 0 and queuerun.running_pid("abl") is None
     assert json.loads(cancelled.output)["cells"][0]["state"] == "running"  # its job is left alone
-    assert "dispatching queue abl" in queuerun.files("abl").log.read_text()
+    log = client.daemon_files().log.read_text()   # the follower daemon drove it
+    assert "dispatching queue abl" in log and "stopped dispatching queue abl" in log
+    assert client.daemon_pid() == pid              # and lives on for the other queues and runs

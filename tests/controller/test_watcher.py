@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from controller.follow.watcher import _finished, process_alive
+from controller.follow.watcher import finished, process_alive
 from controller.store.db import Store
 from protocol import Event
 from tests.helpers import wait_until
@@ -29,8 +29,8 @@ def test_a_run_relaunched_in_place_is_not_finished(tmp_path: Path) -> None:
 
     with Store.open(tmp_path / "s.db") as store:
         store.apply("r", [ev(1, "sidecar.started"), ev(2, "job.started")], 2)
-        assert not _finished(store, "r")
+        assert not finished(store, "r")
         store.apply("r", [ev(3, "job.exited"), ev(4, "sidecar.stopping")], 4)
-        assert _finished(store, "r")
+        assert finished(store, "r")
         store.apply("r", [ev(5, "sidecar.started"), ev(6, "job.started")], 6)  # the same run id again
-        assert not _finished(store, "r")
+        assert not finished(store, "r")

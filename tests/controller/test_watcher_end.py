@@ -1,6 +1,6 @@
 """Watchers end when their run has ended and its last events are stored; a link's outage is its
 real length. Real sidecars (in this process, as tests/controller/test_identity.py runs them), the
-real watcher loop on a thread, and a real `python -m controller.follow.watcher` process."""
+real watcher loop on a thread, and a real follower daemon process."""
 from __future__ import annotations
 
 import math
@@ -14,32 +14,15 @@ import pytest
 
 from controller.box.ssh import SshError
 from controller.follow import watcher
+from controller.follow.client import follow, running_pid, stop_daemon
 from controller.follow.subscriber import Subscriber
-from controller.follow.watcher import LocalLink, Watcher, ensure_watcher, outage_s, running_pid
+from controller.follow.watcher import LocalLink, Watcher, outage_s
 from controller.store.db import Store
-from onbox.sidecar.server import Sidecar, SidecarConfig
 from protocol.endpoints import Endpoints
+from tests.controller.sidecars import RealSidecar
 from tests.helpers import wait_until
 
 RUN = "run-end"
-
-
-class RealSidecar:
-    """A real sidecar serving on a thread; the test emits its events."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self.sidecar = Sidecar(SidecarConfig(run_dir=run_dir, run_id=RUN, host="box", heartbeat_s=3600,
-                                             gpu="none", kmsg=False))
-        self.sidecar.start()
-        self.thread = threading.Thread(target=self.sidecar.serve, name="test-serve")
-        self.thread.start()
-
-    def close(self) -> None:
-        if self.thread.is_alive():
-            self.sidecar.stop()
-            self.thread.join(10)
-            self.sidecar.close()
 
 
 @pytest.fixture
@@ -62,11 +45,11 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 class Serving:
-    """Watcher.serve on a thread, with its own two store connections; .result once it returned."""
+    """Watcher.serve on a thread, with its own store connection; .result once it returned."""
 
     def __init__(self, w: Watcher, path: Path) -> None:
         self.w, self.result = w, []  # type: ignore[var-annotated]
-        self.stores = (Store.open(path), Store.open(path))
+        self.stores = (Store.open(path),)
         self.thread = threading.Thread(target=self._serve, name="test-watcher")
         self.thread.start()
 
@@ -152,7 +135,7 @@ def test_the_watcher_ends_at_once_on_the_sidecars_stop_after_the_exit(
 # ---- a watcher started for a run that had ended -------------------------------------------------------
 
 
-def test_a_watcher_process_for_an_ended_run_fetches_what_is_missing_and_exits(
+def test_the_daemon_follows_an_ended_run_only_to_fetch_what_is_missing(
         store: Store, sidecars: List[RealSidecar], run_dir: Path) -> None:
     box = RealSidecar(run_dir)
     sidecars.append(box)
@@ -161,14 +144,12 @@ def test_a_watcher_process_for_an_ended_run_fetches_what_is_missing_and_exits(
     follow_all(store, box)                           # an earlier watcher stored up to the exit
     store.upsert_run(RUN, host="box", target="local", run_dir=str(run_dir))
     box.sidecar.emit("ckpt.committed", {"path": "checkpoints/final.pt", "step": 9})   # not stored yet
-    pid = ensure_watcher(store, RUN)                 # as `rgt status` starts one; the sidecar lives on
-    # Its pid, or None where it had fetched, stored and exited before ensure_watcher looked (a loaded
-    # machine): what it stored, below, is the proof that one ran either way.
-    if pid is not None:
-        wait_until(lambda: exited(pid), 30, "the watcher to exit by itself")
-    assert running_pid(RUN) is None
+    pid = follow(store, RUN)                         # as `rgt status` asks; the sidecar lives on
+    assert pid is not None
+    wait_until(lambda: running_pid(RUN) is None, 30, "the daemon to end the run's follow by itself")
     assert kinds(store)[-1] == "ckpt.committed"
     assert store.local_events(RUN) == []             # no link.lost, no degraded: nothing went wrong
+    assert stop_daemon() == pid
 
 
 def test_a_catch_up_that_cannot_reach_the_box_gives_up_quietly(

@@ -95,10 +95,10 @@ class Story:
         the runs live when it starts, so a run that ends before it has looked is not among them; its
         start is seen through the background watchers: those of `runs` are stopped first, and the
         watch starts one for each run it watches, once it has read which runs are live."""
-        from controller.follow.watcher import running_pid, stop_watcher
+        from controller.follow.client import running_pid, unfollow
 
         for run in runs:
-            stop_watcher(run)
+            unfollow(run)
             assert wait_for(lambda r=run: running_pid(r) is None, 15.0), f"the watcher of {run} did not end"
         proc = self.start(extra=["--all"])
         for run in runs:
@@ -196,14 +196,14 @@ def runs_by_id(rgt: Rgt) -> Dict[str, Dict[str, Any]]:
 
 def stop_all_watchers(rgt: Rgt) -> None:
     """End the background watcher of every run the store knows (resumed runs included), by pid."""
-    from controller.follow.watcher import running_pid, stop_watcher
+    from controller.follow.client import running_pid, unfollow
 
     with Store.open() as store:
         runs = [str(r["run"]) for r in store.runs()]
     for run in runs:
         if run not in rgt.runs:
             rgt.runs.append(run)
-        stop_watcher(run)
+        unfollow(run)
         assert wait_for(lambda r=run: running_pid(r) is None, 15.0), f"the watcher of {run} did not end"
 
 

@@ -1,7 +1,7 @@
 """A controller driving a run on the test sshd "box": `rgt` subprocesses with their own state.
 
-Everything a test starts through it is ended at teardown, by pid: the background
-watchers (their lock files name them), the SSH masters, and on the box the job,
+Everything a test starts through it is ended at teardown, by pid: the follower daemon
+(its lock file names it), the SSH masters, and on the box the job,
 its supervisor and sidecar (their records in each run directory name them).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from controller import paths
 from controller.box.ssh import Ssh
-from controller.follow.watcher import running_pid, stop_watcher
+from controller.follow.client import running_pid, stop_daemon, unfollow
 from controller.store.db import Store
 from onbox.runs import run_status, stop_run, wait_for
 from tests.helpers import REPO, end_box_side, rgt_cmd
@@ -77,12 +77,13 @@ class Rgt:
 
     def end(self) -> None:
         for run in self.runs:
-            stop_watcher(run)
+            unfollow(run)
             wait_for(lambda r=run: running_pid(r) is None, 10.0)
             run_dir = self.run_dir(run)
             if run_status(run_dir).state in ("running", "stopping"):
                 stop_run(run_dir, 2.0)
             end_box_side(run_dir)
+        stop_daemon()
         if self.box is not None:
             Ssh(self.box.alias, control_dir=paths.state_dir() / "ssh",
                 config_file=self.box.config_file).stop_master()

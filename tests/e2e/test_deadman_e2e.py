@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from controller.follow.watcher import stop_watcher
+from controller.follow.client import unfollow
 from onbox.deadman import daemon
 from onbox.deadman import lease as deadman
 from onbox.runs import wait_for
@@ -123,7 +123,7 @@ def test_renewals_through_the_tunnel_hold_it_off_then_it_fires_once_when_they_st
     assert not [x for x in box_records(paths) if x["kind"] in ("deadman.firing", "deadman.fired")]
 
     # Nobody renews any more, the job is hung: the box takes its profile's action, exactly once.
-    assert stop_watcher(run)
+    assert unfollow(run)
     wait_until(lambda: any(x["kind"] == "deadman.fired" for x in box_records(paths)), 60,
                "the dead-man to fire")
     kinds = [x["kind"] for x in box_records(paths)]

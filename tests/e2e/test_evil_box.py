@@ -41,12 +41,12 @@ def evil(rgt_box: Rgt) -> Iterator[EvilBox]:
 def stop_watchers(rgt: Rgt) -> None:
     """End the watcher of every run this test's store knows (these runs are launched by hand, not
     through Rgt.launch), by the pid its lock file names."""
-    from controller.follow.watcher import running_pid, stop_watcher
+    from controller.follow.client import running_pid, unfollow
     from onbox.runs import wait_for
     with rgt.store() as store:
         runs = [str(r["run"]) for r in store.runs()]
     for run in runs:
-        stop_watcher(run)
+        unfollow(run)
         assert wait_for(lambda r=run: running_pid(r) is None, 15.0), f"the watcher of {run} did not end"
 
 
@@ -225,14 +225,14 @@ def follow(rgt: Rgt, evil: EvilBox, sidecar: Dict[str, Any]) -> str:
 
 
 def watcher_pid(run: str) -> int:
-    from controller.follow.watcher import running_pid
+    from controller.follow.client import running_pid
     pid = running_pid(run)
     assert pid is not None
     return pid
 
 
 def test_a_hello_for_another_run_is_refused_and_that_run_is_untouched(rgt_box: Rgt, evil: EvilBox) -> None:
-    from controller.follow.watcher import running_pid
+    from controller.follow.client import running_pid
     from onbox.runs import wait_for
     with rgt_box.store() as store:
         before = seed_victim(store)

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from controller.follow.watcher import running_pid
+from controller.follow.client import running_pid
 from tests.e2e.rgtbox import Rgt
 from tests.helpers import REPO, rgt_cmd, wait_until
 from tests.sshbox import SshBox

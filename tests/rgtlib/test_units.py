@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from rgtlib import units
 from rgtlib.units import human_bytes, parse_duration, parse_size
 
 
@@ -40,3 +41,10 @@ def test_what_is_not_a_size_says_what_is(text: str) -> None:
 ])
 def test_human_bytes(n: int, text: str) -> None:
     assert human_bytes(n) == text
+
+
+def test_env_seconds_reads_a_duration_and_falls_back_on_anything_else() -> None:
+    assert units.env_seconds("T", 120.0, {"T": "0.3"}) == 0.3
+    assert units.env_seconds("T", 120.0, {"T": "5m"}) == 300.0
+    for bad in ({}, {"T": ""}, {"T": "soon"}, {"T": "0"}, {"T": "-1"}):
+        assert units.env_seconds("T", 120.0, bad) == 120.0
