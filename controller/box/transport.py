@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import select
 from typing import Dict, List, Optional, Set, Tuple
 
 import zmq  # noqa: TID251 (the zmq seam)
@@ -29,6 +30,7 @@ _DRAIN_MAX = 2000
 _REPLIES_MAX = 64
 # Complete replies libzmq may queue: the subscriber asks one thing at a time.
 _DEALER_RCVHWM = 64
+_HEARTBEAT_MS = 10_000
 # A control request or answer of the follower daemon: a run id and a few fields, or a list of runs.
 _CONTROL_MAX = 1 << 20
 # ZMQ_MAXMSGSIZE is per part; a frame over it is what no sidecar sends: the peer is dropped.
@@ -87,9 +89,10 @@ class Link:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-            # ZMTP heartbeats notice a frozen peer behind a live tunnel.
-            sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 6000)
+            # ZMTP heartbeats notice a frozen peer behind a live tunnel: every 10 s, dropped after
+            # 30 s (every 2 s was 0.8 % of a core in the daemon's I/O thread at 64 runs).
+            sock.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_MS)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * _HEARTBEAT_MS)
             if self._curve is not None:
                 sock.curve_serverkey = self._curve.server_public
                 sock.curve_publickey = self._curve.public
@@ -110,6 +113,9 @@ class Link:
             return True
         except zmq.Again:
             return False
+        finally:
+            if self._hub is not None:
+                self._hub.sent(self._dealer)
 
     def poll(self, timeout_ms: int) -> Tuple[List[bytes], List[List[bytes]]]:
         """Wait up to timeout_ms; return (live event frames, control replies)."""
@@ -178,24 +184,45 @@ class Link:
 
 class Hub:
     """Many links in one process (the follower daemon): one ZeroMQ context (one I/O thread for all)
-    and one poller over every link's sockets, plus the daemon's own control socket, a ROUTER bound
-    on a unix socket in a 0700 directory, which takes a request of one JSON frame and answers one."""
+    and one epoll over every link's sockets, plus the daemon's own control socket, a ROUTER bound
+    on a unix socket in a 0700 directory, which takes a request of one JSON frame and answers one.
+
+    zmq_poll walks every socket on every call (at 64 runs, 129 sockets, it was 58 % of the
+    daemon's CPU: bench/controller_scale.py), so the hub registers each socket's ZMQ_FD with
+    epoll once. That descriptor only says "look again": a socket is readable when its ZMQ_EVENTS
+    says so, and reading ZMQ_EVENTS is what re-arms it. So a socket that was read from (it may
+    hold more than one read took) or sent on (a send can take the signal of a message that came
+    in) is looked at again before the next wait."""
 
     def __init__(self) -> None:
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        self._poller = zmq.Poller()
-        self._owner: Dict[zmq.Socket[bytes], Link] = {}
+        self._epoll = select.epoll()
+        self._by_fd: Dict[int, Tuple[zmq.Socket[bytes], Optional[Link]]] = {}
+        self._fd: Dict[zmq.Socket[bytes], int] = {}
+        self._look_again: Set[zmq.Socket[bytes]] = set()
         self._control: Optional[zmq.Socket[bytes]] = None
 
-    def add(self, link: Link, *sockets: zmq.Socket[bytes]) -> None:
+    def add(self, link: Optional[Link], *sockets: zmq.Socket[bytes]) -> None:
         for sock in sockets:
-            self._owner[sock] = link
-            self._poller.register(sock, zmq.POLLIN)
+            fd = int(sock.getsockopt(zmq.FD))
+            self._by_fd[fd] = (sock, link)
+            self._fd[sock] = fd
+            self._epoll.register(fd, select.EPOLLIN)
+            self._look_again.add(sock)   # it may have become readable before it was registered
 
     def remove(self, *sockets: Optional[zmq.Socket[bytes]]) -> None:
         for sock in sockets:
-            if sock is not None and self._owner.pop(sock, None) is not None:
-                self._poller.unregister(sock)
+            fd = self._fd.pop(sock, None) if sock is not None else None
+            if fd is None:
+                continue
+            self._by_fd.pop(fd, None)
+            self._epoll.unregister(fd)
+            self._look_again.discard(sock)
+
+    def sent(self, sock: zmq.Socket[bytes]) -> None:
+        """SOCK was sent on: look at it again before the next wait."""
+        if sock in self._fd:
+            self._look_again.add(sock)
 
     def bind_control(self, path: str) -> None:
         """Answer requests on ipc://PATH (the caller made its directory 0700)."""
@@ -205,12 +232,18 @@ class Hub:
         sock.setsockopt(zmq.RCVHWM, 1000)
         sock.bind(f"ipc://{path}")
         self._control = sock
-        self._poller.register(sock, zmq.POLLIN)
+        self.add(None, sock)
 
     def poll(self, timeout_ms: int) -> Tuple[Set[Link], bool]:
         """Wait up to timeout_ms: (the links with something to read, whether a request waits)."""
-        ready = dict(self._poller.poll(timeout_ms))
-        links = {self._owner[sock] for sock in ready if sock in self._owner}
+        ready = {sock for sock in self._look_again if _readable(sock)}
+        self._look_again.clear()
+        for fd, _ in self._epoll.poll(0 if ready else max(0, timeout_ms) / 1000.0):
+            entry = self._by_fd.get(fd)
+            if entry is not None and _readable(entry[0]):
+                ready.add(entry[0])
+        self._look_again |= ready   # what is read now may hold more than one read takes
+        links = {link for sock, link in (self._by_fd[self._fd[sock]] for sock in ready) if link is not None}
         return links, self._control is not None and self._control in ready
 
     def requests(self) -> List[Tuple[bytes, bytes]]:
@@ -231,16 +264,26 @@ class Hub:
             self._control.send_multipart([who, b"", body], zmq.NOBLOCK)
         except zmq.ZMQError as e:   # the asker left (it timed out): nobody to answer
             log.debug("control answer dropped: %s", e)
+        self.sent(self._control)
 
     def close(self) -> None:
         if self._control is not None:
-            self._poller.unregister(self._control)
+            self.remove(self._control)
             self._control.close(linger=0)
             self._control = None
-        for sock in list(self._owner):
+        for sock in list(self._fd):
             self.remove(sock)
             sock.close(linger=0)
+        self._epoll.close()
         self.context.term()
+
+
+def _readable(sock: zmq.Socket[bytes]) -> bool:
+    """Whether SOCK holds a message now (reading ZMQ_EVENTS also re-arms its ZMQ_FD)."""
+    try:
+        return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+    except zmq.ZMQError:   # closed under us: nothing to read
+        return False
 
 
 def ask(path: str, body: bytes, timeout_ms: int) -> Optional[bytes]:

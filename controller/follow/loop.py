@@ -19,14 +19,15 @@ run's follow (recorded as `sidecar.degraded`), never the loop or another run's f
 from __future__ import annotations
 
 import functools
+import heapq
 import logging
 import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from controller.box.transport import Hub
+from controller.box.transport import Hub, Link
 from controller.follow.watcher import SUPERVISE_S, Watcher
 from controller.runs import groups
 from controller.store.db import Store
@@ -57,7 +58,9 @@ class Loop:
         self._mono = monotonic
         self._pool = (ThreadPoolExecutor(connect_workers, thread_name_prefix="rgt-connect")
                       if connect_workers else None)
-        self._due: Dict[str, float] = {}
+        self._due: Dict[str, float] = {}                 # when each run's subscriber wants a step
+        self._due_heap: List[Tuple[float, str]] = []     # the same, soonest first (stale entries skipped)
+        self._by_link: Dict[Link, str] = {}
         self._groups_due: Set[str] = set()
 
     def check_group(self, store: Store, group: str) -> None:
@@ -89,13 +92,19 @@ class Loop:
                 if until_empty and not self.follows:
                     return
                 now = self._mono()
-            wake = min([next_tick, *self._due.values()])
+            wake = min(next_tick, self._due_heap[0][0] if self._due_heap else math.inf)
             links, asked = self.hub.poll(max(0, min(1000, math.ceil((wake - now) * 1000))))
             if asked:
                 self._answer_requests()
             now = self._mono()
-            for run, w in list(self.follows.items()):
-                if w.sub is not None and (w.sub.link in links or self._due[run] <= now):
+            runs = {self._by_link[link] for link in links if link in self._by_link}
+            while self._due_heap and self._due_heap[0][0] <= now:
+                due, run = heapq.heappop(self._due_heap)
+                if self._due.get(run) == due:   # else a later step moved it: a stale entry
+                    runs.add(run)
+            for run in sorted(runs):
+                w = self.follows.get(run)
+                if w is not None and w.sub is not None:
                     self._guarded(run, w.step)
                     if run in self.follows:
                         self._due_again(run, w)
@@ -141,8 +150,14 @@ class Loop:
             self.on_tick()
 
     def _due_again(self, run: str, w: Watcher) -> None:
+        """When RUN's subscriber next wants a step (and, the first time, which link is RUN's)."""
+        if w.sub is not None:
+            self._by_link[w.sub.link] = run
         wake = w.wake_in_s()
-        self._due[run] = math.inf if wake is None else self._mono() + wake
+        due = math.inf if wake is None else self._mono() + wake
+        self._due[run] = due
+        if due < math.inf:
+            heapq.heappush(self._due_heap, (due, run))
 
     def _guarded(self, run: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -157,6 +172,8 @@ class Loop:
     def _end(self, run: str) -> None:
         w = self.follows.pop(run)
         self._due.pop(run, None)
+        if w.sub is not None:
+            self._by_link.pop(w.sub.link, None)
         try:
             code = w.end(self.store)
         except Exception:

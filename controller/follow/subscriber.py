@@ -154,20 +154,24 @@ class Subscriber:
             self._on_live(live)
         self._timers()
 
-    def wake_in_ms(self) -> int:
-        """How soon the timers want a step, in ms (at most 1000)."""
-        return self._poll_ms()
-
-    def _poll_ms(self) -> int:
+    def due_in_s(self) -> float:
+        """In how many seconds the timers want the next step: a pending request's deadline, a
+        renewal, or the quiet link's probe (0 when one is due now)."""
         now = self._mono()
-        wake = self._last_activity + self.resync_s
+        due = self._last_activity + self.resync_s
         if self._pending is not None:
-            wake = min(wake, self._pending.deadline)
+            due = min(due, self._pending.deadline)
         elif self._renew_due(now):
-            wake = now
-        # Events wake the poll at once; the cap only bounds how late stop and until() are seen
-        # (200 ms woke each of 64 watchers 5 times a second for nothing: bench/controller_scale.py).
-        return max(1, min(1000, int((wake - now) * 1000)))
+            due = now
+        elif self.renew_every_s is not None and self.run is not None:
+            due = min(due, self._next_renew)
+        return max(0.0, due - now)
+
+    def wake_in_ms(self) -> int:
+        """due_in_s() as a poll timeout, in ms: at least 1, and at most 1000 so that a loop of its own
+        (run_until) sees stop and until() within a second. Events wake the poll at once (200 ms
+        woke each of 64 watchers 5 times a second for nothing: bench/controller_scale.py)."""
+        return max(1, min(1000, int(self.due_in_s() * 1000)))
 
     def _timers(self) -> None:
         now = self._mono()

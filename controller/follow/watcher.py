@@ -317,10 +317,11 @@ class Watcher:
             self.failure = f"rgt could not follow the sidecar: {type(e).__name__}: {str(e)[:300]}"
 
     def wake_in_s(self) -> Optional[float]:
-        """When the subscriber's timers want a step (seconds from now); None before it exists."""
+        """In how many seconds the subscriber's timers want a step (no cap: in the loop, events and
+        the tick wake it anyway); None before it exists."""
         if self.sub is None or self.failure is not None:
             return None
-        return self.sub.wake_in_ms() / 1000.0
+        return self.sub.due_in_s()
 
     def end(self, store: Store) -> int:
         """Close the subscriber and the link; 0, or 1 (recorded as sidecar.degraded) when the
