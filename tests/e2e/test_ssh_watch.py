@@ -44,11 +44,14 @@ def metrics_time(run_dir: Path, step: int) -> float:
 def test_watch_wakes_on_a_nan_within_two_seconds_then_reports_a_clean_finish(rgt_box: Rgt) -> None:
     rgt = rgt_box
     go = rgt.root / "go-nan"
-    run = rgt.launch("--steps", "100000", "--log-every", "10", "--step-seconds", "0.01",
-                     "--nan-at", "200", "--stop-file", str(go))["run_id"]
-    # The background watcher dies (SIGKILL, by the pid its lock names): rgt watch starts another.
-    os.kill(wait_until(lambda: running_pid(run), 10, "the launch's watcher"), signal.SIGKILL)
-    wait_until(lambda: running_pid(run) is None, 10, "the watcher's lock to be released")
+    answer = rgt.launch("--steps", "100000", "--log-every", "10", "--step-seconds", "0.01",
+                        "--nan-at", "200", "--stop-file", str(go))
+    run = answer["run_id"]
+    # The launch answer names the follower daemon (watcher_pid too, for scripts written before it).
+    assert answer["daemon_pid"] == answer["watcher_pid"] == running_pid(run) is not None
+    # The daemon dies (SIGKILL, by the pid its lock names): rgt watch starts another, which resumes.
+    os.kill(answer["daemon_pid"], signal.SIGKILL)
+    wait_until(lambda: running_pid(run) is None, 10, "the daemon's lock to be released")
     code, record, ended = watch(rgt, run, "--timeout", "60")
     assert code == 10, record
     assert record["event"]["kind"] == "train.nonfinite" and record["event"]["data"]["step"] == 200
