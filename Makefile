@@ -44,7 +44,7 @@ typecheck: $(STAMP)
 # (PYTHONDONTWRITEBYTECODE), and then every process a test starts would compile its imports again.
 pytest: $(STAMP) system-deps
 	$(BIN)/python -m compileall -q protocol rgtlib onbox controller profiles tests scripts
-	$(BIN)/pytest -q -n $${PYTEST_WORKERS:-4} --dist loadgroup
+	$(BIN)/pytest -q -n $${PYTEST_WORKERS:-4} --dist loadgroup --durations=15
 
 # protocol/, onbox/ and the controller must run on the old Pythons of rental images and laptops.
 # vermin and ruff's py39 target catch syntax; this runs their tests on a real 3.9 when the machine
