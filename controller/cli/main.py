@@ -48,6 +48,7 @@ LAZY: Dict[str, Tuple[str, str]] = {
     "teardown": ("controller.cli.pull", "teardown_command"),
     "profile": ("controller.cli.profile", "profile_group"),
     "deadman": ("controller.cli.deadman", "deadman_group"),
+    "daemon": ("controller.cli.daemon", "daemon_group"),
     "rehearse": ("controller.cli.rehearse", "rehearse_command"),
     "explain": ("controller.cli.explain", "explain_command"),
     "reconcile": ("controller.cli.reconcile", "reconcile_command"),

@@ -6,6 +6,7 @@ Real sidecars serve on threads of this process (their sockets in each run's dire
 follow() as `rgt launch` starts it, and ended by the pid its lock names."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -130,3 +131,22 @@ def test_an_idle_daemon_ends_itself(home: Path, monkeypatch: pytest.MonkeyPatch)
     log = (home / "daemon.log").read_text()
     assert "nothing followed for 0.3s: ending" in log and f"follower daemon {pid} ended" in log
     assert not (home / "daemon.pid").exists()
+
+
+def test_rgt_daemon_status_and_stop(store: Store, boxes: List[RealSidecar], tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from controller.cli.main import main as cli
+
+    runner = CliRunner()
+    idle = json.loads(runner.invoke(cli, ["daemon", "status", "--json"]).output)
+    assert idle["pid"] is None and idle["runs"] == []
+    sidecar_for(store, boxes, tmp_path, "run-s")
+    pid = client.follow(store, "run-s")
+    shown = json.loads(runner.invoke(cli, ["daemon", "status", "--json"]).output)
+    assert shown["pid"] == pid and shown["runs"] == ["run-s"] and shown["answering"] is True
+    assert "follower daemon pid" in runner.invoke(cli, ["daemon", "status"]).output
+    stopped = runner.invoke(cli, ["daemon", "stop", "--json"])
+    assert stopped.exit_code == 0 and json.loads(stopped.output) == {"stopped": pid}
+    assert client.daemon_pid() is None and client.running_pid("run-s") is None
+    assert (tmp_path / "state" / "watchers" / "run-s.followed").exists()   # the next daemon resumes it
