@@ -161,19 +161,21 @@ class SshBox:
             self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.sshd_config)],
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         proc = self.proc
-        wait_until(lambda: proc.poll() is not None or self._accepts(), 10, "sshd to listen")
+        wait_until(lambda: proc.poll() is not None or self._listening(proc.pid), 10, "sshd to listen")
         if proc.poll() is not None:
             proc.wait()
             self.proc = None
             return False
         return True
 
-    def _accepts(self) -> bool:
+    def _listening(self, pid: int) -> bool:
+        """Whether sshd `pid` itself listens on the port: a connect alone could reach another test's
+        sshd that took the port first (this one then dies of it, and is started on another)."""
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                return True
-        except OSError:
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+        except psutil.Error:
             return False
+        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port for c in conns)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
