@@ -454,16 +454,19 @@ def test_supervisor_restarts_a_dead_sidecar_and_never_signals_the_job(rig: Rig) 
         started = [e for e in read_all(rgt) if e["kind"] == "sidecar.started"]
         return ref.pid if started and started[-1]["data"]["pid"] == ref.pid else None
 
+    def replaced(previous: int) -> Optional[ProcRef]:
+        """The sidecar the supervisor records once it is another than `previous` (one read of the
+        record per look: two reads raced with the supervisor rewriting it between them)."""
+        ref = ProcRef.from_dict((read_json(rgt / "supervisor.json") or {}).get("sidecar"))
+        return ref if ref is not None and ref.pid != previous else None
+
     pid = wait_until(lambda: sidecar_bound(None), 15, "the first sidecar")
     for signum in (signal.SIGKILL, signal.SIGKILL, signal.SIGTERM):
         os.kill(pid, signum)
-        died = time.monotonic()
-        wait_until(lambda p=pid: (read_json(rgt / "supervisor.json") or {}).get("sidecar", {}) is None
-                   or (read_json(rgt / "supervisor.json") or {})["sidecar"]["pid"] != p, 5.0, "a restart")
-        restarted = wait_until(lambda p=pid: ProcRef.from_dict(
-            (read_json(rgt / "supervisor.json") or {}).get("sidecar")), 5.0, "the new sidecar")
-        assert restarted.pid != pid and time.monotonic() - died < 5.0
-        pid = wait_until(lambda p=pid: sidecar_bound(p), 15, "the new sidecar to bind")
+        # However loaded the machine, the supervisor's own restart backoff is what it waits (no
+        # wall-clock bound here: that raced under load; the restart count below is the proof).
+        assert wait_until(lambda p=pid: replaced(p), 30, "the supervisor to start a new sidecar").pid != pid
+        pid = wait_until(lambda p=pid: sidecar_bound(p), 30, "the new sidecar to bind")
     sup = read_json(rgt / "supervisor.json")
     assert sup["restarts"] == 3
     our_nice = os.getpriority(os.PRIO_PROCESS, 0)

@@ -247,8 +247,7 @@ def test_fuzz_live_sidecar_answers_20000_random_requests_and_keeps_its_journal(
     beat = wait_until(lambda: last_heartbeat(sc.run_dir, total), what="a heartbeat counting every request")
     assert beat["request_errors"] == 0 and beat["requests_dropped"] == 0, beat
     assert beat["refused"] == sum(n for k, n in answers.items() if k.startswith("refused:")), (beat, answers)
-    assert "Traceback" not in sc.log.read_text()
-    assert time.monotonic() - started < 120, "the fuzz run got slow"
+    assert "Traceback" not in sc.log.read_text()   # how long it took is printed above, never asserted
 
 
 def test_the_checker_catches_a_wrong_answer() -> None:
