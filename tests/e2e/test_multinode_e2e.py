@@ -95,6 +95,23 @@ class Allocation:
             raise AssertionError(f"the sbatch script did not end\n{self.output()}") from exc
 
 
+def last_step(stream_dir: Path) -> int:
+    """The newest step a node's job logged to its metrics.jsonl (0 before any)."""
+    try:
+        lines = (stream_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    steps = [0]
+    for line in lines:
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):   # the line being written now
+            continue
+        if isinstance(step, int):
+            steps.append(step)
+    return max(steps)
+
+
 def track(rgt: Rgt, run: str) -> Dict[str, Any]:
     answer = json.loads(rgt("track", "local", run, "--root", str(rgt.root), "--json").stdout)
     rgt.runs += [s["run"] for s in answer["streams"]]   # their watchers and sidecars end with the test
@@ -147,8 +164,16 @@ def test_every_node_stalled_is_hung_naming_the_node_that_stopped_first(rgt_local
     stall = f"{LAUNCH_ARGS} --stall-floor 2 --stall-grace 10"
     with Allocation(tmp_path, rgt_local, run, jobs, launch_args=stall) as alloc:
         track(rgt_local, run)
-        found = wait_until(lambda: verdicts(run, "job.stalled"), 60, f"the hung verdict\n{alloc.output()}")
-        assert (found[0]["verdict"], found[0]["scope"], found[0]["first_node"]) == ("hung", "all nodes", "n1")
+        # Both jobs at their hang first: on a loaded machine n0 may pause past the 2 s floor before
+        # it really hangs, which is a hung verdict that its next step clears (job.progressing).
+        for node, at in (("n1", 40), ("n0", 240)):
+            wait_until(lambda d=alloc.stream_dir(node), a=at: last_step(d) >= a - 5, 120,
+                       f"{node}'s job to reach its hang at step {at}\n{alloc.output()}")
+        wait_until(lambda: json.loads(rgt_local("status", run, "--json").stdout)["state"] == "hung", 60,
+                   f"the group to be hung\n{alloc.output()}")
+        found = verdicts(run, "job.stalled")
+        latest = found[-1]
+        assert (latest["verdict"], latest["scope"], latest["first_node"]) == ("hung", "all nodes", "n1")
         woke = rgt_local("watch", run, "--timeout", "60s", "--json", check=False)
         record = json.loads(woke.stdout.strip().splitlines()[-1])
         assert woke.returncode == 10 and record["run"] == run, woke.stdout + woke.stderr
