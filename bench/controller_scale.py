@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -279,16 +279,15 @@ def wait_open(pid: int, path: Path, timeout_s: float = 60.0) -> Optional[float]:
 # ---- wake latency ----------------------------------------------------------------------
 
 
-def wake_trial(rig: BoxRig, target: Sequence[str], run: str, run_dir: Path, settle_s: float,
-               watches: List[subprocess.Popen[str]]) -> Dict[str, Any]:
-    """Start `rgt watch TARGET`, append a NaN to RUN's metrics once it settled, time its exit."""
+def time_wake(rig: BoxRig, target: Sequence[str], run: str, settle_s: float, cause: Callable[[], float],
+              watches: List[subprocess.Popen[str]]) -> Dict[str, Any]:
+    """Start `rgt watch TARGET`; once it opened the store and settled, `cause()` makes RUN's NaN
+    happen and says when (time.time()); the time from then to the watch's exit is the sample."""
     watch = start_watch(rig, target, "30s")
     watches.append(watch)
     opened = wait_open(watch.pid, rig.home / "rgt.db")
     time.sleep(settle_s)  # a benchmark, not a test: let the watch reach its polling loop
-    with open(run_dir / "metrics.jsonl", "a") as f:
-        t0 = time.time()
-        f.write(json.dumps({"loss": "nan"}) + "\n")
+    t0 = cause()
     try:
         out, _ = watch.communicate(timeout=45)
     except subprocess.TimeoutExpired:
@@ -303,6 +302,18 @@ def wake_trial(rig: BoxRig, target: Sequence[str], run: str, run_dir: Path, sett
     return {"run": run, "latency_s": round(latency, 4), "exit": watch.returncode, "kind": event.get("kind"),
             "woke_run": record.get("run"), "ok": ok,
             "startup_s": None if opened is None else round(opened, 3)}
+
+
+def wake_trial(rig: BoxRig, target: Sequence[str], run: str, run_dir: Path, settle_s: float,
+               watches: List[subprocess.Popen[str]]) -> Dict[str, Any]:
+    """A NaN line appended to RUN's metrics on the box: the sidecar's detection is in the sample."""
+    def nan_line() -> float:
+        with open(run_dir / "metrics.jsonl", "a") as f:
+            t0 = time.time()
+            f.write(json.dumps({"loss": "nan"}) + "\n")
+        return t0
+
+    return time_wake(rig, target, run, settle_s, nan_line, watches)
 
 
 def wake_trials(rig: BoxRig, args: argparse.Namespace,

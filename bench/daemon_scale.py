@@ -26,6 +26,7 @@ by pid at the end.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -39,7 +40,7 @@ from typing import Any, Dict, List, Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from boxrig import BoxRig, write_results
-from controller_scale import end_pid, end_popen, measure, pct, start_watch, wait_open
+from controller_scale import end_popen, measure, pct, time_wake
 
 TARGET_CPU_PCT = 5.0
 TARGET_RSS_MB = 150.0
@@ -94,28 +95,6 @@ def trigger(rig: BoxRig, run: str) -> float:
     return t0
 
 
-def wake_trial(rig: BoxRig, run: str, settle_s: float,
-               watches: List[subprocess.Popen[str]]) -> Dict[str, Any]:
-    watch = start_watch(rig, [run], "30s")
-    watches.append(watch)
-    opened = wait_open(watch.pid, rig.home / "rgt.db")
-    time.sleep(settle_s)  # a benchmark, not a test: let the watch reach its polling loop
-    t0 = trigger(rig, run)
-    try:
-        out, _ = watch.communicate(timeout=45)
-    except subprocess.TimeoutExpired:
-        end_pid(watch.pid)
-        out = ""
-    latency = time.time() - t0
-    watches.remove(watch)
-    lines = (out or "").strip().splitlines()
-    record: Dict[str, Any] = json.loads(lines[-1]) if lines else {}
-    event = record.get("event") or {}
-    ok = watch.returncode == 10 and event.get("kind") == "train.nonfinite" and record.get("run") == run
-    return {"run": run, "latency_s": round(latency, 4), "exit": watch.returncode, "ok": ok,
-            "startup_s": None if opened is None else round(opened, 3)}
-
-
 def run_bench(rig: BoxRig, args: argparse.Namespace, watches: List[subprocess.Popen[str]],
               fleet_box: List[subprocess.Popen[str]]) -> Dict[str, Any]:
     from controller import paths
@@ -142,7 +121,8 @@ def run_bench(rig: BoxRig, args: argparse.Namespace, watches: List[subprocess.Po
     random.Random(args.seed).shuffle(order)   # a run woken once is not woken by its next NaN: new runs
     trials = []
     for i in range(args.trials):
-        trials.append(wake_trial(rig, order[i % len(order)], args.settle, watches))
+        run = order[i % len(order)]
+        trials.append(time_wake(rig, [run], run, args.settle, functools.partial(trigger, rig, run), watches))
         print(f"  trial {i + 1}/{args.trials}: {trials[-1]['latency_s']:.3f}s exit {trials[-1]['exit']}",
               file=sys.stderr)
     lat = [t["latency_s"] for t in trials]
