@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 
 import torch
 import torch.distributed as dist
+
+# Never set. The job waits on it for its pace and, when told to hang, for good.
+NEVER = threading.Event()
 
 
 def stamp(path: str) -> None:
@@ -47,8 +51,7 @@ def main() -> None:
             raise RuntimeError(f"injected crash on rank {rank} at step {step}")
         if rank == args.hang_rank and step == args.hang_at:
             stamp(args.fault_stamp)
-            while True:
-                time.sleep(3600)
+            NEVER.wait()   # hangs here for good, as a deadlocked job does
         x = torch.randn(16, 8)
         loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
         opt.zero_grad()
@@ -60,7 +63,7 @@ def main() -> None:
             path = os.path.join(ckpt_dir, f"step{step:06d}.pt")
             torch.save({"model": model.module.state_dict(), "step": step}, path + ".tmp")
             os.replace(path + ".tmp", path)
-        time.sleep(args.step_seconds)
+        NEVER.wait(args.step_seconds)   # the step's compute time
     dist.destroy_process_group()
 
 

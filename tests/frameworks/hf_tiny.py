@@ -4,13 +4,14 @@ No rgt code: it runs with the Trainer's defaults (output_dir relative to the cwd
 `logging_nan_inf_filter=True`, the default progress bar) plus what a user sets every day
 (max_steps, logging_steps, save_steps, save_total_limit). Test-only switches make it misbehave:
 --nan-at STEP poisons the weights from that step on; --crash-at STEP raises; --hang-at STEP blocks
-forever in a sleep loop; --ignore-resume starts from zero even when a checkpoint exists.
+forever (waits on an event never set); --ignore-resume starts from zero even when a checkpoint exists.
 --integration adds the two-line rgt callback (onbox.integrations.hf).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 
 import torch
@@ -28,6 +29,10 @@ class Tokens(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict:
         ids = self.data[i]
         return {"input_ids": ids, "labels": ids.clone()}
+
+
+# Never set. The job waits on it for its pace and, when told to hang, for good.
+NEVER = threading.Event()
 
 
 def stamp(path: str) -> None:
@@ -53,10 +58,9 @@ class Faults(TrainerCallback):
             raise RuntimeError(f"injected crash at step {step}")
         if self.args.hang_at >= 0 and step >= self.args.hang_at:
             stamp(self.args.fault_stamp)
-            while True:
-                time.sleep(3600)
+            NEVER.wait()   # hangs here for good, as a deadlocked job does
         if self.args.step_seconds:
-            time.sleep(self.args.step_seconds)
+            NEVER.wait(self.args.step_seconds)   # the step's compute time
 
 
 def main() -> None:

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+# Never set. The job waits on it for its pace and, when told to hang, for good.
+NEVER = threading.Event()
 
 
 def stamp(path: str) -> None:
@@ -43,10 +47,9 @@ class Tiny(L.LightningModule):
             raise RuntimeError(f"injected crash at step {step}")
         if self.args.hang_at >= 0 and step >= self.args.hang_at:
             stamp(self.args.fault_stamp)
-            while True:
-                time.sleep(3600)
+            NEVER.wait()   # hangs here for good, as a deadlocked job does
         if self.args.step_seconds:
-            time.sleep(self.args.step_seconds)
+            NEVER.wait(self.args.step_seconds)   # the step's compute time
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss, prog_bar=True)
         return loss
