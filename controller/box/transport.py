@@ -99,11 +99,12 @@ class Link:
                 sock.curve_secretkey = self._curve.secret
         sub.connect(self.endpoints.pub)
         dealer.connect(self.endpoints.ctl)
-        self._poller.register(sub, zmq.POLLIN)
-        self._poller.register(dealer, zmq.POLLIN)
         self._sub, self._dealer = sub, dealer
-        if self._hub is not None:
+        if self._hub is not None:   # the hub's epoll covers them; this link's poller stays empty
             self._hub.add(self, sub, dealer)
+        else:
+            self._poller.register(sub, zmq.POLLIN)
+            self._poller.register(dealer, zmq.POLLIN)
 
     def send(self, frames: List[bytes]) -> bool:
         """Queue one request; False when no connection can take it now."""

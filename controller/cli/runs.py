@@ -241,17 +241,19 @@ def _group_state(nodes: Sequence[Dict[str, Any]]) -> str:
 
 def _run_rows(store: Store, only: Optional[str]) -> List[Dict[str, Any]]:
     """One row per run, newest first; a multi-node group's row followed by its node streams'."""
-    from controller.follow.client import running_pid
+    from controller.follow import client
     from controller.runs import groups
 
     infos = store.runs()
     chosen = store.resolve_run(only) if only else None
     now = time.time()
+    daemon = client.daemon_pid()   # once: every followed run's row names the same process
 
     def row(r: Dict[str, Any]) -> Dict[str, Any]:
         run = str(r["run"])
         return {"run": run, "host": r["target"] or r["host"], "run_dir": r["run_dir"],
-                "last_seq": r["last_seq"], "watcher_pid": running_pid(run), "group": r["group_run"] or None,
+                "last_seq": r["last_seq"], "watcher_pid": daemon if client.marked(run) else None,
+                "group": r["group_run"] or None,
                 "node": r["node"] or None, "resumed_from": r["resumed_from"] or None,
                 **run_state(store, run, now)}
 

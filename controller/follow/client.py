@@ -41,7 +41,7 @@ from controller.follow.watcher import WatchRefused, files, finished
 from controller.store.db import Store, StoreError
 
 __all__ = ["DaemonFiles", "ask_daemon", "check_group", "daemon_files", "daemon_pid", "ensure_daemon",
-           "follow", "followed", "idle_exit_s", "running_pid", "stop_daemon", "unfollow"]
+           "follow", "followed", "idle_exit_s", "marked", "running_pid", "stop_daemon", "unfollow"]
 
 log = logging.getLogger(__name__)
 
@@ -130,13 +130,17 @@ def follow(store: Store, run: str, wait_s: float = 5.0, launched: bool = False) 
     return daemon_pid()
 
 
+def marked(run: str) -> bool:
+    """Whether RUN is to be followed (its marker is there): by the daemon now, or by the next."""
+    try:
+        return files(run).followed.exists()
+    except boxtrust.Untrusted:
+        return False
+
+
 def running_pid(run: str) -> Optional[int]:
     """The daemon's pid when it follows RUN (or has been asked to), else None."""
-    try:
-        marked = files(run).followed.exists()
-    except boxtrust.Untrusted:
-        return None
-    return daemon_pid() if marked else None
+    return daemon_pid() if marked(run) else None
 
 
 def unfollow(run: str) -> bool:
