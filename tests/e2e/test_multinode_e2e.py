@@ -171,7 +171,9 @@ def test_every_node_stalled_is_hung_naming_the_node_that_stopped_first(rgt_local
                        f"{node}'s job to reach its hang at step {at}\n{alloc.output()}")
         wait_until(lambda: json.loads(rgt_local("status", run, "--json").stdout)["state"] == "hung", 60,
                    f"the group to be hung\n{alloc.output()}")
-        found = verdicts(run, "job.stalled")
+        # rgt status judges the nodes itself; the daemon records the verdict on the next job event
+        # or group check, so it may come a moment later.
+        found = wait_until(lambda: verdicts(run, "job.stalled"), 60, f"the hung verdict\n{alloc.output()}")
         latest = found[-1]
         assert (latest["verdict"], latest["scope"], latest["first_node"]) == ("hung", "all nodes", "n1")
         woke = rgt_local("watch", run, "--timeout", "60s", "--json", check=False)

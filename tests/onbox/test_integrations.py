@@ -102,7 +102,7 @@ def _wait(what: str, check: Any, proc: subprocess.Popen[str], deadline_s: float 
 
 def _hang_line(script: str) -> int:
     lines = (JOBS / script).read_text().splitlines()
-    return next(i for i, line in enumerate(lines, 1) if "time.sleep(3600)" in line)
+    return next(i for i, line in enumerate(lines, 1) if "NEVER.wait()" in line)   # the job's hang
 
 
 def _dump_until(path: Path, pid: int, needle: str, proc: subprocess.Popen[str]) -> str:
