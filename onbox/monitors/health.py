@@ -142,6 +142,7 @@ class HealthMonitor:
         self._kmsg: Optional[KmsgReader] = None
         self._job: Optional[JobDetector] = None
         self._job_created: Optional[float] = None
+        self._job_ticks: Optional[int] = None    # when the job started, in ticks since boot
         self._job_tree: Set[int] = set()
         self._holds: Dict[int, Tuple[float, Optional[bool]]] = {}
         self._tree_at: Optional[float] = None
@@ -447,11 +448,15 @@ class HealthMonitor:
             rebooted = bool(prev_boot and boot and prev_boot != boot)
             created = marker.get("create_time")
             self._job_created = float(created) if isinstance(created, (int, float)) else None
+            ticks = marker.get("start_ticks")
+            self._job_ticks = ticks if isinstance(ticks, int) and not isinstance(ticks, bool) else None
         else:
             self._job_created = info.create_time if info else None
+            self._job_ticks = info.start_ticks if info else None
             self._emit("job.started", {"pid": pid, "name": info.name if info else None,
                                        "create_time": self._job_created, "alive": info is not None}, None)
-            doc = {"pid": pid, "create_time": self._job_created, "boot_id": boot}
+            doc = {"pid": pid, "create_time": self._job_created, "start_ticks": self._job_ticks,
+                   "boot_id": boot}
             (self.rgt_dir / "job.announced").write_text(json.dumps(doc) + "\n")
         self._job = JobDetector(pid, self.config.exit_grace_s, rebooted)
         if done is not None and done.get("pid") == pid:
@@ -470,7 +475,9 @@ class HealthMonitor:
         info = self._processes.info(self._job.pid)
         if info is None:
             return None
-        created = self._job_created
+        if self._job_ticks is not None and info.start_ticks is not None:
+            return info if info.start_ticks == self._job_ticks else None
+        created = self._job_created   # a marker from before the ticks were recorded: the wall clock
         same = created is None or not info.create_time or abs(info.create_time - created) < 1.0
         return info if same else None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -23,7 +24,7 @@ from onbox.sources import fake_gpu
 from onbox.sources.fake_gpu import ScriptedProbe, h100_pci
 from onbox.sources.gpu import GpuProcess
 from onbox.sources.host import CgroupReader
-from onbox.sources.process import ProcessView, ProcInfo
+from onbox.sources.process import ProcessView, ProcInfo, start_ticks
 from tests.helpers import Clock
 from tests.helpers import Recorder as BaseRecorder
 
@@ -44,15 +45,16 @@ class FakeProcesses:
     """`ProcessSource` with a fixed world: which pids live, the job's tree, what is visible."""
 
     def __init__(self, alive: Optional[Dict[int, float]] = None, tree: Optional[Set[int]] = None,
-                 visible: Optional[Set[int]] = None) -> None:
+                 visible: Optional[Set[int]] = None, ticks: Optional[Dict[int, int]] = None) -> None:
         self.alive = dict(alive or {})
+        self.ticks = dict(ticks or {})
         self.tree_pids = set(tree or set())
         self.visible_pids = set(visible if visible is not None else self.tree_pids)
         self.tree_calls = 0
 
     def info(self, pid: int) -> Optional[ProcInfo]:
         created = self.alive.get(pid)
-        return None if created is None else ProcInfo(pid, created, "python", 1 << 30)
+        return None if created is None else ProcInfo(pid, created, "python", 1 << 30, self.ticks.get(pid))
 
     def tree(self, pid: int) -> Set[int]:
         self.tree_calls += 1
@@ -441,6 +443,30 @@ def test_a_reboot_or_a_reused_pid_means_the_job_is_gone(tmp_path: Path, rigs: An
     reused.mon.job_tick()
     assert reused.rec.counts() == {("job.exited", "warn"): 1}
     assert reused.rec.of("job.exited")[0]["vanished"]
+
+
+def test_a_stepped_wall_clock_is_the_same_job_and_other_start_ticks_are_a_reused_pid(
+        tmp_path: Path, rigs: Any) -> None:
+    """psutil's create_time moves with /proc/stat's btime whenever the clock is stepped; the start
+    ticks do not. A loaded VM here drifted 14 s in 10 minutes and every job looked vanished."""
+    procs = FakeProcesses({JOB: 1.7e9}, {JOB}, ticks={JOB: 5000})
+    rig = rigs(tmp_path, None, gpu="none", job_pid=JOB, processes=procs, exit_grace_s=0.0)
+    rig.mon.start()
+    rig.mon.job_tick()
+    marker = json.loads((tmp_path / "run" / "rgt" / "job.announced").read_text())
+    assert marker["start_ticks"] == 5000
+    procs.alive[JOB] = 1.7e9 + 2.0   # the wall clock was stepped: the same process
+    rig.mon.job_tick()
+    assert rig.rec.of("job.exited") == []
+    procs.alive[JOB], procs.ticks[JOB] = 1.7e9, 5001   # the pid now names a newer process
+    rig.mon.job_tick()
+    assert rig.rec.of("job.exited")[0]["vanished"]
+
+
+def test_the_start_ticks_of_a_real_process_are_its_own(tmp_path: Path) -> None:
+    me = ProcessView().info(os.getpid())
+    assert me is not None and me.start_ticks is not None and me.start_ticks == start_ticks(os.getpid())
+    assert start_ticks(os.getpid(), proc=str(tmp_path)) is None
 
 
 # ---- disk ----------------------------------------------------------------------------------------------
