@@ -6,6 +6,11 @@ rename) into $RGT_CKPT_DIR (or ./checkpoints). Flags make it misbehave on
 purpose: --nan-at, --crash-at, --hang-at (SIGSTOPs itself), --non-atomic-save,
 --ignore-resume. It resumes from $RGT_RESUME_FROM when set; --device cuda runs
 it on a GPU.
+
+It is cheap to start and to idle (the tests start it over a hundred times on two cores): plain
+SGD written out, since constructing a torch.optim optimizer imports torch._dynamo (1.5 s of CPU
+per start here), and one CPU thread unless OMP_NUM_THREADS says otherwise (between paced steps
+idle OpenMP threads spin: a fifth of a core per job).
 """
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ import time
 from pathlib import Path
 
 import torch
+
+LR = 0.05
 
 
 def parse() -> argparse.Namespace:
@@ -53,18 +60,18 @@ def save(state: dict, path: Path, atomic: bool) -> None:
 
 def main() -> int:
     args = parse()
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     metrics = Path(os.environ.get("RGT_METRICS", "metrics.jsonl"))
     ckpt_dir = Path(os.environ.get("RGT_CKPT_DIR", "checkpoints"))
     model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     model = model.to(args.device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
     start = 0
     resume = os.environ.get("RGT_RESUME_FROM")
     if resume and not args.ignore_resume:
         state = torch.load(resume, weights_only=True, map_location=args.device)
         model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
         start = int(state["step"])
         print(f"resumed from {resume} at step {start}", flush=True)
     x = torch.linspace(-1, 1, 256, device=args.device).unsqueeze(1)
@@ -77,12 +84,14 @@ def main() -> int:
         if step == args.hang_at:
             print(f"hanging at step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
-        opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         if step >= args.nan_at > 0:
             loss = loss * float("nan")
+        model.zero_grad()
         loss.backward()
-        opt.step()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
         if step % args.log_every == 0:
             value = loss.item()
             line = {"step": step, "epoch": step / args.steps, "loss": value if value == value else "nan",
@@ -91,7 +100,7 @@ def main() -> int:
                 f.write(json.dumps(line) + "\n")
             print(f"step={step} loss={value:.6f}", flush=True)
         if step % args.ckpt_every == 0:
-            state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}
+            state = {"model": model.state_dict(), "opt": {"lr": LR}, "step": step}
             save(state, ckpt_dir / f"step{step:06d}.pt", atomic=not args.non_atomic_save)
         if args.step_seconds:
             time.sleep(args.step_seconds)
