@@ -94,16 +94,22 @@ class Story:
         """`rgt watch --all` left running, returned once it is known to watch `runs`. It takes in
         the runs live when it starts, so a run that ends before it has looked is not among them; its
         start is seen through the background watchers: those of `runs` are stopped first, and the
-        watch starts one for each run it watches, once it has read which runs are live."""
+        watch starts one for each run it watches, once it has read which runs are live. It returns
+        once each run streams into the store again: a run that ends before its follow connected
+        would leave its exit with a sidecar that (with the tests' linger of 0 s) is gone."""
         from controller.follow.client import running_pid, unfollow
 
         for run in runs:
             unfollow(run)
             assert wait_for(lambda r=run: running_pid(r) is None, 15.0), f"the watcher of {run} did not end"
+        with Store.open() as store:
+            cursors = {run: store.cursor(run) for run in runs}
         proc = self.start(extra=["--all"])
         for run in runs:
             wait_until(lambda r=run: running_pid(r) is not None or proc.poll() is not None, 60,
                        f"`rgt watch --all` to take in {run}")
+            wait_until(lambda r=run: _cursor(r) > cursors[r] or proc.poll() is not None, 60,
+                       f"{run} to stream into the store again")
         assert proc.poll() is None, f"{self.life}: `rgt watch --all` ended at once: {proc.communicate()}"
         return proc
 
@@ -192,6 +198,11 @@ def wait_ckpt(run: str, step: int, timeout_s: float = 90.0) -> None:
 
 def runs_by_id(rgt: Rgt) -> Dict[str, Dict[str, Any]]:
     return {r["run"]: r for r in json.loads(rgt("runs", "--json").stdout)["runs"]}
+
+
+def _cursor(run: str) -> int:
+    with Store.open() as store:
+        return store.cursor(run)
 
 
 def stop_all_watchers(rgt: Rgt) -> None:
