@@ -139,13 +139,24 @@ def test_hf_default_output_dir_rotation_pull_verify_and_the_gate(rgt_local: Rgt,
     assert "missing" not in json.dumps(report.get("proofs", {}).get("identity", {})), report["proofs"]
 
 
+def onsets(rgt: Rgt, run: str) -> Dict[str, Dict[str, Any]]:
+    """The stored train.nonfinite onsets of `run`, by metric name."""
+    return {str(e.data.get("name")): dict(e.data) for e in stored(rgt, run, "train.nonfinite")
+            if e.data.get("state") == "onset"}
+
+
 def test_hf_nan_under_the_default_nan_inf_filter_wakes(rgt_local: Rgt, tmp_path: Path) -> None:
-    """logging_nan_inf_filter=True (the default) hides the NaN loss; grad_norm and the weights
-    still say it: exit 10 on train.nonfinite."""
+    """logging_nan_inf_filter=True (the default) hides the NaN loss: the Trainer logs a finite,
+    frozen one. grad_norm still says it: exit 10 on train.nonfinite, naming grad_norm, never loss."""
     run = launch(rgt_local, "local", tmp_path / "job",
-                 [*HF, "--steps", "200", "--nan-at", "10", "--log-every", "2", "--save-every", "1000"])
+                 [*HF, "--steps", "40", "--nan-at", "10", "--log-every", "2", "--save-every", "1000"])
     code, record = watch(rgt_local, run)
     assert code == 10 and kind_of(record) == "train.nonfinite", record
+    sidecar_stopped(rgt_local, run)   # the job ran to its end: every onset it had is stored
+    found = onsets(rgt_local, run)
+    assert "grad_norm" in found and "loss" not in found, found
+    assert found["grad_norm"]["reason"] in ("frozen_loss", "persisted"), found
+    assert found["grad_norm"]["step"] is not None and found["grad_norm"]["step"] > 10, found
 
 
 # ---- Lightning --------------------------------------------------------------------------------------

@@ -150,11 +150,15 @@ def test_without_the_launchers_environment_the_callbacks_write_nothing(run: Run,
     assert not [p for p in made if "metrics.jsonl" in p or "hints" in p or "stacks" in p]  # ...rgt nothing
 
 
+IGNORED = "is set but training starts from step 0"
+
+
 # ---- Hugging Face ----------------------------------------------------------------------------------
 
 
 @needs_hf
-def test_hf_job_reports_steps_checkpoints_rotation_output_dir_and_stack_dumps(run: Run) -> None:
+def test_hf_job_reports_steps_checkpoints_rotation_output_dir_and_stack_dumps_then_resumes(run: Run) -> None:
+    """One job reports; a second resumes from its last checkpoint; a third ignores it and is told."""
     run.job("hf_tiny.py", "--steps", "30", "--save-every", "10", "--log-every", "5")
     steps = [m for m in run.metrics() if "loss" in m]
     assert [m["step"] for m in steps] == [5, 10, 15, 20, 25, 30]
@@ -176,6 +180,19 @@ def test_hf_job_reports_steps_checkpoints_rotation_output_dir_and_stack_dumps(ru
         assert state.stat().st_mtime <= h["ts"]
     [fh] = [h for h in got if h["kind"] == "faulthandler"]
     assert fh["signal"] == signal.SIGUSR2 and fh["path"] == str(hints.stacks_path(str(run.dir), fh["pid"]))
+
+    old_style = out / "checkpoint-30" / "trainer_state.json"  # a file inside the checkpoint dir
+    done = len(run.metrics())
+    resumed = run.job("hf_tiny.py", "--steps", "40", "--save-every", "10", "--log-every", "5",
+                      RGT_RESUME_FROM=str(old_style))
+    assert [m["step"] for m in run.metrics()[done:] if "loss" in m] == [35, 40]
+    assert IGNORED not in resumed.stderr
+    done = len(run.metrics())
+    fresh = run.job("hf_tiny.py", "--steps", "10", "--save-every", "10", "--ignore-resume",
+                    RGT_RESUME_FROM=str(old_style.parent))
+    assert [m["step"] for m in run.metrics()[done:] if "loss" in m] == [5, 10]
+    assert f"RGT_RESUME_FROM={old_style.parent} {IGNORED}" in fresh.stderr
+    assert "resume_from_checkpoint=onbox.integrations.resume_from()" in fresh.stderr
 
 
 @needs_hf
@@ -224,30 +241,13 @@ def test_hf_callback_hooks_log_eval_metrics_nonfinite_values_and_never_raise(
     assert len(failures) == 1 and failures[0].exc_info  # ...logs once, with its traceback, and returns
 
 
-IGNORED = "is set but training starts from step 0"
-
-
-@needs_hf
-def test_hf_resume_goes_on_from_the_checkpoint_dir_and_a_run_that_ignores_it_is_told(run: Run) -> None:
-    run.job("hf_tiny.py", "--steps", "20", "--save-every", "10")
-    old_style = run.cwd / "out" / "checkpoint-20" / "trainer_state.json"  # a file inside the dir
-    done = len(run.metrics())
-    resumed = run.job("hf_tiny.py", "--steps", "30", "--save-every", "10", RGT_RESUME_FROM=str(old_style))
-    assert [m["step"] for m in run.metrics()[done:] if "loss" in m] == [25, 30]
-    assert IGNORED not in resumed.stderr
-    done = len(run.metrics())
-    fresh = run.job("hf_tiny.py", "--steps", "10", "--save-every", "10", "--ignore-resume",
-                    RGT_RESUME_FROM=str(old_style.parent))
-    assert [m["step"] for m in run.metrics()[done:] if "loss" in m] == [5, 10]
-    assert f"RGT_RESUME_FROM={old_style.parent} {IGNORED}" in fresh.stderr
-    assert "resume_from_checkpoint=onbox.integrations.resume_from()" in fresh.stderr
-
-
 # ---- Lightning ---------------------------------------------------------------------------------------
 
 
 @needs_lightning
-def test_lightning_job_reports_steps_checkpoint_files_rotation_output_dir_and_stack_dumps(run: Run) -> None:
+def test_lightning_job_reports_steps_checkpoint_files_rotation_output_dir_and_stack_dumps_then_resumes(
+        run: Run) -> None:
+    """One job reports; a second resumes from its last checkpoint; a third ignores it and is told."""
     run.job("lightning_tiny.py", "--steps", "60", "--save-every", "20", "--log-every", "5")
     steps = run.metrics()
     assert [m["step"] for m in steps] == list(range(5, 61, 5))
@@ -270,6 +270,15 @@ def test_lightning_job_reports_steps_checkpoint_files_rotation_output_dir_and_st
     [fh] = [h for h in got if h["kind"] == "faulthandler"]
     assert fh["signal"] == signal.SIGUSR2 and fh["framework"] == "lightning"
 
+    [ckpt] = ckdir.glob("*step=60.ckpt")
+    done = len(run.metrics())
+    resumed = run.job("lightning_tiny.py", "--steps", "70", "--save-every", "20", "--log-every", "5",
+                      RGT_RESUME_FROM=str(ckpt))
+    assert [m["step"] for m in run.metrics()[done:]] == [65, 70]
+    assert IGNORED not in resumed.stderr
+    fresh = run.job("lightning_tiny.py", "--steps", "5", "--ignore-resume", RGT_RESUME_FROM=str(ckpt))
+    assert f"{IGNORED}; pass it on: trainer.fit(model, ckpt_path=" in fresh.stderr
+
 
 @needs_lightning
 def test_lightning_hang_the_hinted_ckpt_is_on_disk_and_the_signal_dumps_the_hung_frame(
@@ -290,18 +299,6 @@ def test_lightning_hang_the_hinted_ckpt_is_on_disk_and_the_signal_dumps_the_hung
     assert ckpt["path"].endswith("step=20.ckpt") and os.path.getsize(ckpt["path"]) > 0
     needle = f'lightning_tiny.py", line {_hang_line("lightning_tiny.py")} in training_step'
     assert "in fit" in _dump_until(Path(fh["path"]), fh["pid"], needle, proc)
-
-
-@needs_lightning
-def test_lightning_resume_goes_on_from_the_ckpt_file_and_a_run_that_ignores_it_is_told(run: Run) -> None:
-    run.job("lightning_tiny.py", "--steps", "20", "--save-every", "20")
-    [ckpt] = (run.cwd / "lightning_logs" / "version_0" / "checkpoints").glob("*step=20.ckpt")
-    done = len(run.metrics())
-    resumed = run.job("lightning_tiny.py", "--steps", "30", "--save-every", "20", RGT_RESUME_FROM=str(ckpt))
-    assert [m["step"] for m in run.metrics()[done:]] == [25, 30]
-    assert IGNORED not in resumed.stderr
-    fresh = run.job("lightning_tiny.py", "--steps", "5", "--ignore-resume", RGT_RESUME_FROM=str(ckpt))
-    assert f"{IGNORED}; pass it on: trainer.fit(model, ckpt_path=" in fresh.stderr
 
 
 def test_legacy_pytorch_lightning_gets_a_callback_of_its_own_package(run: Run) -> None:
