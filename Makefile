@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # torch: exactly the CPU wheel that lies on local disk (an unpinned torch is a ~3 GB CUDA build);
 # the [torch] extra pins the same version.
 
-.PHONY: demo test lint typecheck pytest py39 bench system-deps clean
+.PHONY: demo test lint typecheck pytest py39 venv39 bench system-deps clean
 
 # The box's dependencies as wheels for this Python, fetched once while the venv is set up:
 # the end-to-end tests install onto a "box" that has no index (`rgt install --wheelhouse`).
@@ -16,10 +16,17 @@ WHEELHOUSE := .wheelhouse
 BOX_DEPS := "pyzmq>=23,<28" "psutil>=5.9" "nvidia-ml-py>=12.535" "watchdog>=2.1" "click>=8.1" "packaging>=22" \
 	"py-spy>=0.3"
 
+# The two venvs are set up at once (`make test`); their editable installs both write the source
+# tree's egg-info, so they take turns under this lock.
+INSTALL_LOCK := .install.lock
+# Bytecode on both cores: pip compiles what it installs on one (49 of its 70 s here); compileall
+# -j 0 takes 25 s. A third-party file that does not compile for this Python (a template, a
+# vendored file for another version) is skipped by pip as well, hence `|| true`.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev,torch]" "torch==2.13.0"
+	flock $(INSTALL_LOCK) $(BIN)/pip install -q --no-compile -e ".[dev,torch]" "torch==2.13.0"
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 	$(BIN)/pip download -q --only-binary=:all: -d $(WHEELHOUSE) $(BOX_DEPS)
 	touch $(STAMP)
 
@@ -38,19 +45,22 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --platform linux protocol rgtlib onbox controller profiles
 
-# Four workers on two cores: most of a test's time is its jobs' paced steps and its processes'
-# waits, not CPU. loadgroup keeps the tests that share a module's fixture on one worker
-# (tests/conftest.py). The bytecode is compiled first: the environment may forbid writing it
-# (PYTHONDONTWRITEBYTECODE), and then every process a test starts would compile its imports again.
+# Six workers on two cores: a test's time is partly its jobs' paced steps and its processes'
+# waits, and the CPU its jobs take (mostly `import torch` and the frameworks) leaves the cores
+# ~80 % busy at four (7m43s at six, 8m25s at four, quiet). loadgroup keeps the tests that share a
+# module's fixture on one worker (tests/conftest.py). The bytecode is compiled first: the
+# environment may forbid writing it (PYTHONDONTWRITEBYTECODE), and then every process a test
+# starts would compile its imports again.
+WORKERS ?= $${PYTEST_WORKERS:-6}
 pytest: $(STAMP) system-deps
 	$(BIN)/python -m compileall -q protocol rgtlib onbox controller profiles tests scripts
-	$(BIN)/pytest -q -n $${PYTEST_WORKERS:-4} --dist loadgroup --durations=15
+	$(BIN)/pytest -q -n $(WORKERS) --dist loadgroup --durations=15
 
 # protocol/, onbox/ and the controller must run on the old Pythons of rental images and laptops.
 # vermin and ruff's py39 target catch syntax; this runs their tests on a real 3.9 when the machine
 # has one (this kind's image ships it through pyenv): the controller's too, with
 # tests/controller/test_python_floor.py (every module imported, every command's --help, the
-# one-line refusal below the floor). About 2 minutes on 2 cores with 4 workers.
+# one-line refusal below the floor). About 2 minutes on 2 cores.
 PY39 ?= $(or $(lastword $(wildcard $(HOME)/.pyenv/versions/3.9.*/bin/python3.9)),python3.9)
 VENV39 := .venv39
 # The base dependencies, what the controller's tests use besides (the [plot] extra, PyYAML, a
@@ -58,10 +68,16 @@ VENV39 := .venv39
 # `rgt` and `rgt-onbox` scripts, and `python -m onbox.cli` from any directory as on a box.
 $(VENV39)/.installed: pyproject.toml
 	$(PY39) -m venv $(VENV39)
-	$(VENV39)/bin/pip install -q pyzmq psutil nvidia-ml-py watchdog click packaging "safetensors" numpy tomli pytest pytest-timeout hypothesis \
+	$(VENV39)/bin/pip install -q --no-compile pyzmq psutil nvidia-ml-py watchdog click packaging "safetensors" numpy tomli pytest pytest-timeout hypothesis \
 		"pytest-xdist==3.8.0" "pyyaml>=6" "matplotlib>=3.5" "setuptools>=68"
-	$(VENV39)/bin/pip install -q --no-deps --no-build-isolation -e .
+	flock $(INSTALL_LOCK) $(VENV39)/bin/pip install -q --no-deps --no-build-isolation -e .
+	$(VENV39)/bin/python -m compileall -q -j 0 $(VENV39)/lib >/dev/null || true
 	touch $@
+
+# The 3.9 venv when this machine has a 3.9 (set up beside the main one by `make test`).
+venv39:
+	@if $(PY39) -c 'import sys; assert sys.version_info[:2] == (3, 9)' 2>/dev/null; then \
+		$(MAKE) --no-print-directory $(VENV39)/.installed; fi
 
 # Left to `make pytest`: the controller's tests that need torch (no build of the pinned torch for
 # 3.9) and the box installs that need .wheelhouse (fetched for .venv's Python). tests.click81 gives
@@ -75,14 +91,17 @@ py39:
 		$(MAKE) --no-print-directory $(VENV39)/.installed && \
 		$(VENV39)/bin/python -m compileall -q protocol rgtlib onbox controller profiles tests && \
 		$(VENV39)/bin/rgt --help >/dev/null && \
-		$(VENV39)/bin/python -m pytest -q -p tests.click81 -n $${PYTEST_WORKERS:-4} --dist loadgroup -k "not fuzz" \
+		$(VENV39)/bin/python -m pytest -q -p tests.click81 -n $(WORKERS) --dist loadgroup -k "not fuzz" \
 			tests/protocol tests/rgtlib tests/onbox tests/profiles tests/controller $(PY39_LEFT) \
 			tests/test_layout.py::test_nothing_heavy_happens_at_import_time; \
 	else echo "py39: no python3.9 here; vermin and ruff (target py39) are the 3.9 check"; fi
 
-# Serial on purpose: with the 3.9 leg beside the main suite (make -j2) the whole took 13m31s
-# against 12m28s serial on this 2-core machine; the suites are CPU-bound enough not to overlap.
-test: lint typecheck pytest py39
+# The two venvs are set up side by side (pip is half I/O); the suites then run one after the
+# other: with the 3.9 leg beside the main suite (make -j2) the whole took 13m31s against 12m28s
+# serial on this 2-core machine, the suites being CPU-bound enough not to overlap.
+test:
+	@$(MAKE) --no-print-directory -j2 $(STAMP) venv39
+	@$(MAKE) --no-print-directory lint typecheck pytest py39
 
 demo: $(STAMP) system-deps
 	$(BIN)/python scripts/demo.py
@@ -92,4 +111,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/sidecar_overhead.py
 
 clean:
-	rm -rf $(VENV) $(VENV39) $(WHEELHOUSE) .pytest_cache .mypy_cache .ruff_cache .demo
+	rm -rf $(VENV) $(VENV39) $(WHEELHOUSE) $(INSTALL_LOCK) .pytest_cache .mypy_cache .ruff_cache .demo
