@@ -17,3 +17,11 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
         yield r
     finally:
         r.end()
+
+
+@pytest.fixture
+def short_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a checkpoint that stays missing: the manifest fails closed after 0.2 s, not after looking
+    again for 10 s for a removal record that never comes."""
+    from onbox.custody import pullmanifest
+    monkeypatch.setattr(pullmanifest, "MISSING_GRACE_S", 0.2)

@@ -171,7 +171,8 @@ def test_a_byte_flipped_after_the_manifest_quarantines_the_run(
     assert stat.S_IMODE(os.stat(quarantine / "run-1").st_mode) & 0o200  # quarantine stays writable
 
 
-def test_a_lying_custody_record_and_a_missing_checkpoint_quarantine(tmp_path: Path) -> None:
+def test_a_lying_custody_record_and_a_missing_checkpoint_quarantine(
+        tmp_path: Path, short_grace: None) -> None:
     root = tmp_path / "root"
     liar = make_run(root, "liar")
     (liar / "checkpoints" / "step000020.bin").write_bytes(b"20")

@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
@@ -107,15 +107,23 @@ def _hang_line(script: str) -> int:
     return next(i for i, line in enumerate(lines, 1) if "NEVER.wait()" in line)   # the job's hang
 
 
-def _dump_until(path: Path, pid: int, needle: str, proc: subprocess.Popen[str]) -> str:
-    """Send the stack signal until a dump holding `needle` arrives (the job may not hang yet)."""
-    def dumped() -> Optional[str]:
+def _dump_until(path: Path, pid: int, needle: str, outer: str, proc: subprocess.Popen[str]) -> str:
+    """Send the stack signal until a dump holding `needle` arrives (the job may not hang yet), then read
+    on until the dump also holds the `outer` frame: faulthandler writes a dump in many small writes, the
+    innermost frame first, so a read can land between the hung frame and the ones around it."""
+    def dumped() -> Optional[Tuple[int]]:
         size = path.stat().st_size
         os.kill(pid, signal.SIGUSR2)
         text = _wait("a stack dump", lambda: path.stat().st_size > size and path.read_text()[size:], proc, 60)
-        return text if needle in text else None
+        return (size,) if needle in text else None   # a tuple: the dump may start at offset 0
 
-    return str(_wait(f"a dump with {needle!r}", dumped, proc))
+    (start,) = _wait(f"a dump with {needle!r}", dumped, proc)
+
+    def whole() -> Optional[str]:
+        text = path.read_text()[start:]
+        return text if outer in text else None
+
+    return str(_wait(f"the dump to reach {outer!r}", whole, proc, 60))
 
 
 # ---- import and no-op --------------------------------------------------------------------------------
@@ -216,8 +224,8 @@ def test_hf_hang_the_hinted_checkpoint_is_whole_and_the_signal_dumps_the_hung_fr
     ckpt = _wait("the checkpoint hint", lambda: hinted("checkpoint"), proc)
     assert all((Path(ckpt["path"]) / f).is_file() for f in HF_FILES), os.listdir(ckpt["path"])
     needle = f'hf_tiny.py", line {_hang_line("hf_tiny.py")} in on_step_end'
-    text = _dump_until(Path(fh["path"]), proc.pid, needle, proc)
-    assert "most recent call first" in text and "in train" in text
+    text = _dump_until(Path(fh["path"]), proc.pid, needle, "in train", proc)
+    assert "most recent call first" in text
     assert proc.poll() is None  # the dump did not end the job
 
 
@@ -300,7 +308,7 @@ def test_lightning_hang_the_hinted_ckpt_is_on_disk_and_the_signal_dumps_the_hung
     ckpt = _wait("the checkpoint hint", lambda: hinted("checkpoint"), proc)
     assert ckpt["path"].endswith("step=20.ckpt") and os.path.getsize(ckpt["path"]) > 0
     needle = f'lightning_tiny.py", line {_hang_line("lightning_tiny.py")} in training_step'
-    assert "in fit" in _dump_until(Path(fh["path"]), fh["pid"], needle, proc)
+    assert needle in _dump_until(Path(fh["path"]), fh["pid"], needle, "in fit", proc)
 
 
 def test_legacy_pytorch_lightning_gets_a_callback_of_its_own_package(run: Run) -> None:

@@ -102,7 +102,8 @@ def test_the_newest_record_per_path_wins(run_dir: Path) -> None:
     assert (entry["sha256"], entry["step"], entry["size"]) == (FAKE_SHA, 11, 450)
 
 
-def test_a_missing_checkpoint_fails_closed_and_nothing_is_written(run_dir: Path) -> None:
+def test_a_missing_checkpoint_fails_closed_and_nothing_is_written(
+        run_dir: Path, short_grace: None) -> None:
     (run_dir / "checkpoints" / "step000030.bin").write_bytes(b"30")
     record(run_dir, "checkpoints/step000030.bin", step=30, ts=3000.0)
     (run_dir / "checkpoints" / "step000030.bin").unlink()
@@ -356,7 +357,7 @@ def test_cli_exit_codes(run_dir: Path, args: List[str], code: int, needle: str) 
     assert not (run_dir / MANIFEST_REL).exists()
 
 
-def test_cli_failed_closed_and_unknown_run(run_dir: Path, tmp_path: Path) -> None:
+def test_cli_failed_closed_and_unknown_run(run_dir: Path, tmp_path: Path, short_grace: None) -> None:
     (run_dir / "checkpoints" / "step000010.bin").unlink()
     out = CliRunner().invoke(manifest_command, [str(run_dir)])
     assert out.exit_code == 1 and "error: 1 checkpoint(s)" in out.output and "hint:" in out.output
