@@ -77,7 +77,7 @@ def load(name: str, where: Optional[Path] = None) -> Profile:
                    meter_stop_action=meter_stop_action, storage=storage,
                    deadman=_deadman(doc.get("deadman"), actions, path, text),
                    ssh=_ssh(doc.get("ssh", {}), path, text), spot=_spot(doc.get("spot", {}), path, text),
-                   stamps=tuple(_stamps(doc, text)))
+                   stamps=tuple(_stamps(doc, text)), aliases=tuple(doc.get("aliases", ())))
 
 
 def _check_head(doc: Mapping[str, Any], name: str, path: Path, text: str) -> None:

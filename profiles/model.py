@@ -131,6 +131,7 @@ class Profile:
     ssh: Ssh = dataclasses.field(default_factory=Ssh)
     spot: Spot = dataclasses.field(default_factory=Spot)
     stamps: Tuple[Stamp, ...] = ()      # every verified stamp of the file, in file order
+    aliases: Tuple[str, ...] = ()       # what people call the platform: "vast.ai", "恒源云"
 
     def tier_of(self, path: str, environ: Optional[Mapping[str, str]] = None) -> Optional[Storage]:
         """The storage tier that holds `path` on the box: the tier with the longest path that is

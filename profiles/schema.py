@@ -66,6 +66,7 @@ STORAGE_REQUIRED = ("survives_stop", "survives_release", "verified")
 SCHEMA: Dict[str, Any] = {
     "name": str,
     "kind": str,
+    "aliases": "lines",   # what people call the platform (English and Chinese), for `rgt explain`
     "meter_stop_action": str,
     "scripts": {
         "python": str,
