@@ -13,7 +13,7 @@ the job writes the fault's wall time to --fault-stamp). Measured:
 
     .venv/bin/python bench/frameworks.py [--only hf,lightning,torchrun] [--no-verify]
 
-Prints one table and writes bench/results/frameworks.json. Targets (issue 14): NaN <= 2 s, crash
+Prints one table and writes bench/results/frameworks.json. Targets: NaN <= 2 s, crash
 <= 10 s, stacks <= 10 s after the stall verdict, one torch child per verification.
 """
 from __future__ import annotations

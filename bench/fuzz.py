@@ -1,5 +1,5 @@
 """Fuzz throughput: random frames through the decoders, random control requests through a live
-sidecar; the number that matters is crashes = 0 (issue 15: the box is untrusted).
+sidecar; the number that matters is crashes = 0 (the box is untrusted).
 
     .venv/bin/python bench/fuzz.py [--frames 100000] [--requests 100000] [--quick] [--seed 15]
 

@@ -132,7 +132,7 @@ UNSAFE = ("\x1b", "\x07", "\x9b", "\r", "\u202e", "\u2028")
 def test_a_hostile_box_answer_is_printed_escaped(home: Path, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Raw box text never reaches the terminal: the answer's escapes show as \\x1b, its bidi
-    override as \\u{202e}, and the refusal's stderr likewise (issue 15)."""
+    override as \\u{202e}, and the refusal's stderr likewise."""
     monkeypatch.setenv("RGT_HOME", str(tmp_path / "state"))
     script = tmp_path / "fake_onbox.py"
     script.write_text(FAKE_ONBOX)

@@ -1,4 +1,4 @@
-"""What a hostile box can make the controller's Link hold (issue 15), on real zmq sockets: a reply
+"""What a hostile box can make the controller's Link hold, on real zmq sockets: a reply
 frame over the cap drops the connection, a reply of more parts than a since reply can have is
 dropped unread, an event frame over the event cap never arrives; normal traffic goes on after."""
 from __future__ import annotations

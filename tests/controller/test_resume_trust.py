@@ -1,4 +1,4 @@
-"""Issue 15: `rgt resume` runs only what the laptop knows, never the command the old box reports.
+"""`rgt resume` runs only what the laptop knows, never the command the old box reports.
 
 The old box's run.json (in a pull, in its hello, or read from the box) may be rewritten by whoever
 holds that box; the new box runs the resumed command with its own secrets. These tests rewrite

@@ -317,7 +317,7 @@ def test_a_hung_group_names_the_node_that_stopped_first() -> None:
     assert w is not None and w.explain.endswith("verdict hung on every node; n1 stopped first")
 
 
-# ---- odd stored data (issue 15): a watch must still end with its wake -------------------------
+# ---- odd stored data: a watch must still end with its wake -------------------------
 
 HUGE = 10 ** 400          # what a hostile box stored before the codec bounded integers
 HUGER = 10 ** 5000        # past Python's own 4300-digit str() limit

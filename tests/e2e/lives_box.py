@@ -27,7 +27,7 @@ from tests.helpers import REPO, onbox_cmd, rgt_cmd, wait_until
 
 WATCH_TIMEOUT = "100s"   # a bound on one watch: every life's watch ends long before on its own
 WATCH_LIMIT_S = 150.0
-WHOLE = ("exit", "run", "event", "explain", "next")   # the keys every watch line carries (issue 16)
+WHOLE = ("exit", "run", "event", "explain", "next")   # the keys every watch line carries
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             str(REPO / "tests" / "frameworks" / "ddp_tiny.py")]
 

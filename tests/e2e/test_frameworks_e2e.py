@@ -1,4 +1,4 @@
-"""Issue 14 acceptance: stock Hugging Face Trainer, Lightning and torchrun jobs, end to end.
+"""Stock Hugging Face Trainer, Lightning and torchrun jobs, end to end.
 
 Each job is one of tests/frameworks/ (no rgt code in it), launched with `rgt launch local` (one
 through the test sshd) in its own working directory, so a framework's default output directory

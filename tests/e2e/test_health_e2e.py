@@ -1,4 +1,4 @@
-"""Issue 3 end to end: a real sidecar process with the scripted GPU, and `rgt-onbox health` here."""
+"""End to end: a real sidecar process with the scripted GPU, and `rgt-onbox health` here."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Issue 9 end to end: a multi-node run on Slurm, with two sidecars on this machine as two nodes.
+"""End to end: a multi-node run on Slurm, with two sidecars on this machine as two nodes.
 
 examples/slurm/train.sbatch itself runs under bash, with tests/e2e/fakeslurm/srun on PATH (one
 copy of its command per node, SLURM_NODEID set) and an `rgt-onbox` that runs this checkout. Each

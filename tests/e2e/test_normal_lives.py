@@ -1,4 +1,4 @@
-"""Issue 16: normal lives never wake anyone. Each common life of a run goes start to end through real
+"""Normal lives never wake anyone. Each common life of a run goes start to end through real
 `rgt` subprocesses, on host `local` and on the test sshd, with the real CPU torch job
 (scripts/train_tiny.py, or torchrun over tests/frameworks/ddp_tiny.py), and asserts the exact
 sequence of `rgt watch --json` exits.

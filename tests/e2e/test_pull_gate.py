@@ -1,4 +1,4 @@
-"""Issue 6 acceptance through the loopback sshd: pull, verify, and the teardown gate.
+"""Through the loopback sshd: pull, verify, and the teardown gate.
 
 A clean run passes every proof and opens the gate. Each of these fails verify, or closes the
 gate, with its own named reason: one flipped bit in the pulled copy, a malicious pickle whose

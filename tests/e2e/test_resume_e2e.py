@@ -1,4 +1,4 @@
-"""Issue 9 end to end: preempt a run on one box, `rgt resume` it on another, one history in `rgt status`.
+"""End to end: preempt a run on one box, `rgt resume` it on another, one history in `rgt status`.
 
 Two hosts, h1 and h2, are the test sshd under two run roots. The job is scripts/train_tiny.py (CPU
 torch): checkpoints every 20 steps, a metrics line every 5. The preemption is a SIGTERM to the job

@@ -1,4 +1,4 @@
-"""Issue 14 item 5 end to end: a stock HF Trainer run (tests/frameworks/hf_tiny.py, checkpoints as
+"""End to end: a stock HF Trainer run (tests/frameworks/hf_tiny.py, checkpoints as
 `out/checkpoint-N/` under the job's cwd) is preempted on one box, pulled, and `rgt resume`d on another
 root through the test sshd: the whole checkpoint directory is pushed (rsync), proven by its unit
 digest on the box, handed to the Trainer as RGT_RESUME_FROM, and the Trainer goes on from its step.
@@ -42,7 +42,7 @@ def test_a_preempted_hf_run_resumes_elsewhere_from_its_checkpoint_directory(rgt_
                                                                            tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     if not launch_has_cwd():
-        pytest.skip("rgt launch --cwd (issue 14 part F) is not here")
+        pytest.skip("rgt launch --cwd is not here")
     rgt = rgt_box
     assert rgt.box is not None
     rgt("hosts", "add", "h2", "--ssh", rgt.box.alias, "--onbox", ONBOX, "--root", str(rgt.box.home / "h2"))

@@ -1,4 +1,4 @@
-"""Issue 4 end to end: the real CPU torch training script launched with `rgt-onbox launch`.
+"""End to end: the real CPU torch training script launched with `rgt-onbox launch`.
 
 The job misbehaves on purpose (scripts/train_tiny.py --nan-at, --hang-at, --crash-at,
 --ignore-resume, --non-atomic-save) and the sidecar's journal must say so, in time.

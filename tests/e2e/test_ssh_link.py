@@ -1,4 +1,4 @@
-"""Issue 5 end to end: a run launched over SSH onto the test sshd, followed through link failures.
+"""End to end: a run launched over SSH onto the test sshd, followed through link failures.
 
 The box is a real OpenSSH sshd on 127.0.0.1 (tests/sshbox.py); rgt reaches it through one
 ControlMaster with unix-socket forwards, exactly as it reaches a rented box.

@@ -1,4 +1,4 @@
-"""Issue 5 end to end: `rgt watch` over the SSH tunnel keeps its exit-code contract.
+"""End to end: `rgt watch` over the SSH tunnel keeps its exit-code contract.
 
 10 within 2 s of a NaN written on the box, 0 on a clean finish, 3 at the timeout, 4 when the
 box's sshd stays down past the link budget. The box is the test sshd on 127.0.0.1.

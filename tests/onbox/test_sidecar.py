@@ -69,7 +69,7 @@ def test_hello_and_since(client: Client, sidecar: SidecarProcess) -> None:
     ([b'{"v":1,"id":"q","op":"format_disk"}'], "unknown_op"),
     ([b'{"v":2,"id":"q","op":"hello"}'], "version"),
     ([b"x" * (10 << 20)], "too_large"),
-    # Issue 15: a lone surrogate id used to make the error reply raise and the sidecar exit.
+    # A lone surrogate id used to make the error reply raise and the sidecar exit.
     ([b'{"v":1,"id":"\\ud800","op":"format_disk"}'], "bad_request"),
     ([b'{"v":1,"id":"\\ud800","op":"hello"}'], "bad_request"),
     ([b'{"v":1,"id":"q","op":"hello","client":"\\udfff"}'], "bad_request"),

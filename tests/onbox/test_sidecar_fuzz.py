@@ -1,4 +1,4 @@
-"""A live sidecar under tens of thousands of random control requests (issue 15: the box is untrusted,
+"""A live sidecar under tens of thousands of random control requests (the box is untrusted,
 and so is whatever reaches its control socket).
 
 A real `rgt-onbox serve` on real ipc sockets in a temp run dir gets batches of seeded random

@@ -1,4 +1,4 @@
-"""The packaged profiles: every platform of issue 7 is there, and the facts rgt acts on are right."""
+"""The packaged profiles: every platform rgt covers is there, and the facts rgt acts on are right."""
 from __future__ import annotations
 
 import shlex

@@ -1,4 +1,4 @@
-"""Properties of the codec against an untrusted peer (issue 15).
+"""Properties of the codec against an untrusted peer.
 
 Whatever bytes or JSON-ish structures arrive (huge integers, deep nesting, lone surrogates, NaN
 constants, wrong types, wrong frame counts), decode_json / decode_event / decode_request /
