@@ -1,4 +1,5 @@
-"""The symptom catalog: controller/data/catalog.toml loaded once and checked.
+"""The symptom catalog: controller/data/catalog.toml and controller/data/knowledge/*.toml, loaded once
+and checked.
 
 Each entry names a problem (title), how people describe it (symptoms), what our events and the box
 show (signals), the root cause and the fix, and the event kinds it belongs to. `rgt explain` ranks
@@ -10,7 +11,12 @@ the controller) knows, `see` must point at entries that exist, and every kind th
 entry lists needs a `[defaults]` line naming the entry an event of that kind gets when no `when`
 condition picks a more specific one.
 
-Nothing is read at import time; `default_catalog()` parses the packaged file on first use.
+catalog.toml holds the entries events point at (and the `[defaults]`); each knowledge file holds the
+entries of one field (training, the remote box, verifying and delivering) with the same keys and no
+defaults. Ids are unique across all files and `see` may cross them. `source` names where an entry's
+knowledge comes from; `command` the `rgt` command that checks or fixes it.
+
+Nothing is read at import time; `default_catalog()` parses the packaged files on first use.
 """
 from __future__ import annotations
 
@@ -19,9 +25,7 @@ import functools
 import importlib.resources
 import re
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
-
-from protocol import kinds as protocol_kinds
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,7 +40,8 @@ EXTRA_KINDS = ("deadman.armed", "deadman.renewed", "deadman.expiring", "deadman.
                "verify.done")   # the controller's own: `rgt verify` records it
 TOP_KEYS = ("schema", "verified", "defaults", "entry")
 REQUIRED_KEYS = ("id", "title", "kinds", "symptoms", "signals", "cause", "fix")
-OPTIONAL_KEYS = ("see", "xids", "when")
+OPTIONAL_KEYS = ("see", "xids", "when", "source", "command")
+KNOWLEDGE_DIR = "knowledge"
 _ID = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _VERIFIED = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 
@@ -62,13 +67,17 @@ class Entry:
     see: Tuple[str, ...] = ()
     xids: Tuple[int, ...] = ()
     when: Mapping[str, Mapping[str, Wanted]] = dataclasses.field(default_factory=dict)
+    source: Tuple[str, ...] = ()
+    command: Optional[str] = None
+    verified: str = ""           # the month of the file the entry is in
 
     def to_dict(self) -> Dict[str, Any]:
         return {"id": self.id, "title": self.title, "kinds": list(self.kinds),
                 "symptoms": list(self.symptoms), "signals": list(self.signals), "cause": self.cause,
                 "fix": list(self.fix), "see": list(self.see), "xids": list(self.xids),
                 "when": {k: {f: list(v) if isinstance(v, tuple) else v for f, v in c.items()}
-                         for k, c in self.when.items()}}
+                         for k, c in self.when.items()},
+                "source": list(self.source), "command": self.command, "verified": self.verified}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +113,7 @@ class Catalog:
 
 
 def known_kinds() -> Tuple[str, ...]:
+    from protocol import kinds as protocol_kinds  # here: a free-text question never needs the protocol
     return tuple(sorted(set(protocol_kinds.all_kinds()) | set(EXTRA_KINDS)))
 
 
@@ -162,7 +172,7 @@ def _xids(raw: Any, kinds: Tuple[str, ...], where: str) -> Tuple[int, ...]:
     return tuple(raw)
 
 
-def parse_entry(raw: Any, index: int, known: Tuple[str, ...]) -> Entry:
+def parse_entry(raw: Any, index: int, known: Tuple[str, ...], verified: str = "") -> Entry:
     """One [[entry]] table checked; CatalogError naming the entry (id, or its position) and key."""
     if not isinstance(raw, dict):
         raise _fail(f"entry #{index + 1}", "must be a table")
@@ -181,11 +191,16 @@ def parse_entry(raw: Any, index: int, known: Tuple[str, ...]) -> Entry:
     for kind in kinds:
         if kind not in known:
             raise _fail(where, f"kind {kind!r} is not a known event kind")
+    command = _text(raw, "command", where) if "command" in raw else None
+    if command is not None and not command.startswith("rgt "):
+        raise _fail(where, f"'command' must be an rgt command line, not {command!r}")
     return Entry(id=entry_id, title=_text(raw, "title", where), kinds=kinds,
                  symptoms=_texts(raw, "symptoms", where), signals=_texts(raw, "signals", where),
                  cause=" ".join(_text(raw, "cause", where).split()), fix=_texts(raw, "fix", where),
                  see=_texts(raw, "see", where, allow_empty=True), xids=_xids(raw.get("xids"), kinds, where),
-                 when=_when(raw.get("when"), kinds, where))
+                 when=_when(raw.get("when"), kinds, where),
+                 source=_texts(raw, "source", where, allow_empty=True), command=command,
+                 verified=verified)
 
 
 def _defaults(raw: Any, by_id: Mapping[str, Entry], entries: Tuple[Entry, ...]) -> Dict[str, str]:
@@ -209,26 +224,37 @@ def _defaults(raw: Any, by_id: Mapping[str, Entry], entries: Tuple[Entry, ...]) 
     return {str(k): str(v) for k, v in raw.items()}
 
 
-def parse(text: str, source: str = "catalog.toml") -> Catalog:
-    """Parse and validate catalog TOML; CatalogError with a clear message if anything is off."""
+def _document(text: str, source: str, main: bool) -> Dict[str, Any]:
     try:
-        doc = tomllib.loads(text)
+        doc: Dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise CatalogError(f"catalog: {source} is not valid TOML: {e}") from e
-    unknown = sorted(set(doc) - set(TOP_KEYS))
+    allowed = TOP_KEYS if main else tuple(k for k in TOP_KEYS if k != "defaults")
+    unknown = sorted(set(doc) - set(allowed))
     if unknown:
         raise _fail(source, f"unknown top-level key(s) {', '.join(map(repr, unknown))} "
-                            f"(known: {', '.join(TOP_KEYS)})")
+                            f"(known: {', '.join(allowed)})")
     if doc.get("schema") not in SCHEMA_VERSIONS:
-        raise _fail("schema", f"{doc.get('schema')!r} is not supported (supported: {SCHEMA_VERSIONS})")
+        raise _fail(f"{source}: schema",
+                    f"{doc.get('schema')!r} is not supported (supported: {SCHEMA_VERSIONS})")
     verified = doc.get("verified")
     if not isinstance(verified, str) or not _VERIFIED.match(verified):
-        raise _fail("verified", "must be a YYYY-MM month")
-    raw_entries = doc.get("entry")
-    if not isinstance(raw_entries, list) or not raw_entries:
+        raise _fail(f"{source}: verified", "must be a YYYY-MM month")
+    if not isinstance(doc.get("entry"), list) or not doc["entry"]:
         raise _fail(source, "needs at least one [[entry]]")
+    return doc
+
+
+def parse(text: str, source: str = "catalog.toml", more: Sequence[Tuple[str, str]] = ()) -> Catalog:
+    """Parse and validate catalog TOML, with `more` knowledge files as (name, text) after it;
+    CatalogError with a clear message if anything is off."""
+    doc = _document(text, source, main=True)
     known = known_kinds()
-    entries = tuple(parse_entry(raw, i, known) for i, raw in enumerate(raw_entries))
+    entries = tuple(parse_entry(raw, i, known, doc["verified"]) for i, raw in enumerate(doc["entry"]))
+    for name, more_text in more:
+        extra = _document(more_text, name, main=False)
+        entries += tuple(parse_entry(raw, i, known, extra["verified"])
+                         for i, raw in enumerate(extra["entry"]))
     by_id: Dict[str, Entry] = {}
     for entry in entries:
         if entry.id in by_id:
@@ -238,22 +264,28 @@ def parse(text: str, source: str = "catalog.toml") -> Catalog:
         for other in entry.see:
             if other not in by_id or other == entry.id:
                 raise _fail(f"entry {entry.id!r}", f"'see' names {other!r}, which is not another entry")
-    return Catalog(schema=int(doc["schema"]), verified=verified, entries=entries,
+    return Catalog(schema=int(doc["schema"]), verified=doc["verified"], entries=entries,
                    defaults=_defaults(doc.get("defaults"), by_id, entries))
 
 
-def _read_packaged() -> str:
+def _read_packaged() -> Tuple[str, List[Tuple[str, str]]]:
+    """catalog.toml's text and each knowledge file's (name, text), in name order."""
     try:
-        found = importlib.resources.files("controller.data").joinpath("catalog.toml")
-        return found.read_text(encoding="utf-8")
+        data = importlib.resources.files("controller.data")
+        main = data.joinpath("catalog.toml").read_text(encoding="utf-8")
+        folder = data.joinpath(KNOWLEDGE_DIR)
+        files = sorted((f for f in folder.iterdir() if f.name.endswith(".toml")), key=lambda f: f.name) \
+            if folder.is_dir() else []
+        return main, [(f"{KNOWLEDGE_DIR}/{f.name}", f.read_text(encoding="utf-8")) for f in files]
     except (OSError, ModuleNotFoundError) as e:
-        raise CatalogError(f"catalog: cannot read controller/data/catalog.toml: {e}") from e
+        raise CatalogError(f"catalog: cannot read the packaged catalog or its knowledge files: {e}") from e
 
 
 @functools.lru_cache(maxsize=1)
 def default_catalog() -> Catalog:
     """The catalog shipped in the package, parsed once per process."""
-    return parse(_read_packaged())
+    main, more = _read_packaged()
+    return parse(main, more=more)
 
 
 def load(text: Optional[str] = None) -> Catalog:

@@ -194,3 +194,60 @@ def test_duplicate_ids_and_missing_defaults_are_refused() -> None:
 def test_bad_toml_is_a_catalog_error() -> None:
     with pytest.raises(CatalogError, match="not valid TOML"):
         parse(BASE + "\n[[entry]\n")
+
+
+# ---- knowledge files --------------------------------------------------------------------------------
+
+KNOWLEDGE = '''
+schema = 1
+verified = "2026-12"
+
+[[entry]]
+id = "two"
+title = "Two"
+kinds = []
+symptoms = ["a second problem"]
+signals = ["a sign"]
+cause = "A cause."
+fix = ["Fix it."]
+source = ["training/oom-memory M5"]
+command = "rgt verify RUN --check-finite"
+see = ["one"]
+'''
+
+
+def test_knowledge_files_join_the_catalog_with_their_own_stamp() -> None:
+    cat = parse(BASE, more=[("knowledge/x.toml", KNOWLEDGE)])
+    assert [e.id for e in cat.entries] == ["one", "two"]
+    two = cat.by_id["two"]
+    assert two.verified == "2026-12" and cat.by_id["one"].verified == "2026-11"
+    assert two.source == ("training/oom-memory M5",) and two.command == "rgt verify RUN --check-finite"
+    assert two.to_dict()["source"] == ["training/oom-memory M5"]
+
+
+@pytest.mark.parametrize("change, message", [
+    ('\n[defaults]\n"job.exited" = "two"\n', "knowledge/x.toml: unknown top-level key(s) 'defaults'"),
+    ('\ncommand = "pkill -f train"\n', "'command' must be an rgt command line"),
+    ('', "entry 'one': the id is used twice"),
+    ('\nverified = "2026-13"\n', "knowledge/x.toml: verified"),
+])
+def test_knowledge_file_mistakes_name_the_file_or_entry(change: str, message: str) -> None:
+    text = KNOWLEDGE.replace('command = "rgt verify RUN --check-finite"\n', "")
+    if change.startswith("\n[defaults]"):
+        text = text.replace("see = [\"one\"]\n", "") + change
+    elif change.startswith("\ncommand"):
+        text += change
+    elif change.startswith("\nverified"):
+        text = text.replace('verified = "2026-12"\n', change.lstrip("\n"))
+    else:
+        text = text.replace('id = "two"', 'id = "one"').replace('see = ["one"]\n', "")
+    with pytest.raises(CatalogError) as info:
+        parse(BASE, more=[("knowledge/x.toml", text)])
+    assert message in str(info.value)
+
+
+def test_the_packaged_knowledge_files_are_read() -> None:
+    main, more = catalog._read_packaged()
+    assert "[defaults]" in main
+    assert [name for name, _ in more] == sorted(name for name, _ in more)
+    assert all(name.startswith("knowledge/") and name.endswith(".toml") for name, _ in more)
