@@ -13,9 +13,10 @@ import math
 import re
 import sys
 import time
-from typing import Any, Iterable, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, List, Mapping, Optional, Sequence
 
-import protocol
+if TYPE_CHECKING:   # the protocol is imported by the one function that encodes: most commands never do
+    import protocol
 
 SUMMARY_WIDTH = 72
 _ELLIPSIS = "..."
@@ -188,4 +189,5 @@ def table_row(event: protocol.Event, width: int = SUMMARY_WIDTH) -> str:
 def json_line(event: protocol.Event) -> str:
     """event.to_dict() as one line of JSON (non-finite floats as "nan"/"inf", as on the wire),
     C1, bidi and invisible characters as \\u escapes (json_safe)."""
+    import protocol
     return json_safe(protocol.encode_json(event.to_dict(), max_bytes=sys.maxsize).decode("utf-8"))

@@ -38,6 +38,9 @@ _SHORT_BASE = pytest.StashKey[Path]()
 THREAD_VARS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 for _name, _value in THREAD_VARS.items():
     os.environ.setdefault(_name, _value)
+# `rgt explain` keeps its built index in the user's state directory; tests never write there
+# (tests/controller/test_explain_cache.py gives the cache a place of its own).
+os.environ.setdefault("RGT_EXPLAIN_CACHE", "off")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -27,7 +27,7 @@ import click
 from rgtlib.units import parse_duration
 
 from controller import render
-from controller.store.db import StoreError
+from controller.errors import StoreError
 
 log = logging.getLogger(__name__)
 

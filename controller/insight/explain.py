@@ -24,9 +24,11 @@ import dataclasses
 import functools
 import math
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from controller.insight import index_cache, platforms
 from controller.insight.catalog import Catalog, Entry, default_catalog, known_kinds
+from controller.insight.platforms import Fact, Platforms
 
 K1 = 1.2
 B = 0.75
@@ -44,34 +46,38 @@ yet still got get gets getting keep keeps kept seems seem think really just thin
 used one way every whole instead ok okay anymore simply go goes going went says say said
 """.split())
 
-# Multi-word phrases first (on lowercased text with punctuation turned into spaces), in this order.
-PHRASES: Tuple[Tuple[str, str], ...] = (
-    (r"\b(?:(?:ran|run|runs|running) )?out of (?:gpu |cuda |video |host |system |cpu )?memory\b", "oom"),
-    (r"\bnot a number\b", "nan"),
-    (r"\bnon finite\b", "nan"),
-    (r"\bno space left(?: on device)?\b", "disk full"),
-    (r"\b(?:(?:ran|run|runs|running) )?out of (?:disk space|disk|space|storage)\b", "disk full"),
-    (r"\bdf i\b", "inode"),
-    (r"\b(?:gpu|cuda|video|device) memory\b", "vram"),
-    (r"\b(?:host|system|cpu|main) memory\b", "ram"),
-    (r"\blearning rate\b", "lr"),
-    (r"\bwarm up\b", "warmup"),
-    (r"\bhalf precision\b", "fp16"),
-    (r"\bmixed precision\b", "amp"),
-    (r"\bgrad(?:ient)? scaler\b", "scaler"),
-    (r"\bloss scal(?:e|es|ing|er)\b", "scaler"),
-    (r"\ball (?:reduce|gather)\b", "allreduce"),
-    (r"\bdata ?load(?:er|ers|ing)\b", "dataloader"),
-    (r"\binput pipeline\b", "dataloader"),
-    (r"\bnum workers\b", "numworkers"),
-    (r"\bweights (?:and|&) biases\b", "wandb"),
-    (r"\bstart(?:s|ed|ing)? (?:over|from scratch)\b", "restart"),
-    (r"\b\d{2,3} ?(?:c|deg|degc)\b", "hot"),
-    (r"\bshot up\b", "spike"),
-    (r"\bblew up\b", "spike"),
-    (r"\btime[sd]? out\b", "timeout"),
-    (r"\bfall(?:en|s)? off(?: the)? bus\b", "offbus"),
-    (r"\bstack ?trace\b", "traceback"),
+# Multi-word phrases first (on lowercased text with punctuation turned into spaces), in this order:
+# (pattern, term, anchor). A pattern runs only on text that holds its anchor (any text for ""), so
+# a question compiles only the few patterns it can match.
+PHRASES: Tuple[Tuple[str, str, str], ...] = (
+    (r"\b(?:(?:ran|run|runs|running) )?out of (?:gpu |cuda |video |host |system |cpu )?memory\b", "oom",
+     "out of"),
+    (r"\bnot a number\b", "nan", "not a number"),
+    (r"\bnon finite\b", "nan", "non finite"),
+    (r"\bno space left(?: on device)?\b", "disk full", "no space left"),
+    (r"\b(?:(?:ran|run|runs|running) )?out of (?:disk space|disk|space|storage)\b", "disk full",
+     "out of"),
+    (r"\bdf i\b", "inode", "df i"),
+    (r"\b(?:gpu|cuda|video|device) memory\b", "vram", " memory"),
+    (r"\b(?:host|system|cpu|main) memory\b", "ram", " memory"),
+    (r"\blearning rate\b", "lr", "learning rate"),
+    (r"\bwarm up\b", "warmup", "warm up"),
+    (r"\bhalf precision\b", "fp16", "half precision"),
+    (r"\bmixed precision\b", "amp", "mixed precision"),
+    (r"\bgrad(?:ient)? scaler\b", "scaler", " scaler"),
+    (r"\bloss scal(?:e|es|ing|er)\b", "scaler", "loss scal"),
+    (r"\ball (?:reduce|gather)\b", "allreduce", "all "),
+    (r"\bdata ?load(?:er|ers|ing)\b", "dataloader", "load"),
+    (r"\binput pipeline\b", "dataloader", "input pipeline"),
+    (r"\bnum workers\b", "numworkers", "num workers"),
+    (r"\bweights (?:and|&) biases\b", "wandb", "biases"),
+    (r"\bstart(?:s|ed|ing)? (?:over|from scratch)\b", "restart", "start"),
+    (r"\b\d{2,3} ?(?:c|deg|degc)\b", "hot", ""),
+    (r"\bshot up\b", "spike", "shot up"),
+    (r"\bblew up\b", "spike", "blew up"),
+    (r"\btime[sd]? out\b", "timeout", " out"),
+    (r"\bfall(?:en|s)? off(?: the)? bus\b", "offbus", "bus"),
+    (r"\bstack ?trace\b", "traceback", "trace"),
 )
 
 # word -> the term of its group (the group's first word). Applied before stemming.
@@ -120,10 +126,47 @@ _GROUPS: Tuple[Tuple[str, ...], ...] = (
     ("thread", "threads", "omp", "openmp", "mkl"),
     ("xid", "xids", "nvrm"),
     ("rank", "ranks"),
+    ("bill", "billing", "billed", "bills", "pay", "paying", "paid", "charge", "charged", "charges",
+     "charging", "meter", "metered", "cost", "costs", "invoice"),
 )
 SYNONYMS: Dict[str, str] = {w: g[0] for g in _GROUPS for w in g if " " not in w}
 
-_WORD = re.compile(r"[a-z0-9]+")
+# Chinese words -> the English words they mean, matched longest first inside a run of Chinese
+# characters; what no word covers is indexed as overlapping character pairs (bigrams), so Chinese
+# symptoms match Chinese questions too. The English side then goes through SYNONYMS and the stemmer.
+ZH_WORDS: Dict[str, str] = {
+    "爆显存": "oom", "显存溢出": "oom", "显存不足": "oom", "显存不够": "oom", "内存溢出": "oom",
+    "显存": "vram", "内存": "ram", "显卡": "gpu", "掉卡": "offbus", "降频": "throttle", "温度": "temperature",
+    "卡住": "hang", "卡死": "hang", "卡着": "hang", "不动": "hang", "假死": "hang", "死锁": "hang",
+    "挂起": "hang", "崩溃": "crash", "挂了": "crash", "报错": "error", "错误": "error",
+    "关机": "shutdown", "开机": "start", "释放": "release", "销毁": "destroy", "删除": "delete",
+    "删掉": "delete", "计费": "billing", "扣费": "billing", "收费": "billing", "费用": "cost",
+    "欠费": "negative balance", "余额": "balance", "实例": "instance", "容器": "container",
+    "数据盘": "data disk", "系统盘": "system disk", "硬盘": "disk", "磁盘": "disk", "网盘": "netdisk",
+    "空间不足": "disk full", "满了": "full", "文件存储": "storage", "存储": "storage",
+    "断点续训": "resume", "续训": "resume", "恢复训练": "resume", "从头开始": "restart",
+    "重新开始": "restart", "重启": "restart", "检查点": "checkpoint", "权重": "weights",
+    "保存": "save", "加载": "load", "丢失": "lost", "丢了": "lost",
+    "梯度": "gradient", "爆炸": "explode", "损失": "loss", "学习率": "lr", "批大小": "batch",
+    "半精度": "fp16", "混合精度": "amp", "精度": "precision", "收敛": "converge", "不收敛": "not converge",
+    "过拟合": "overfit", "验证集": "validation", "测试集": "test", "训练集": "train", "数据集": "dataset",
+    "数据加载": "dataloader", "数据增强": "augmentation", "增强": "augmentation", "利用率": "util",
+    "随机种子": "seed", "种子": "seed", "可复现": "reproducible", "复现": "reproduce",
+    "不确定": "nondeterministic",
+    "评估": "eval", "指标": "metric", "准确率": "accuracy", "噪声": "noise", "显著": "significant",
+    "方差": "variance", "多卡": "multi gpu", "单卡": "single gpu", "分布式": "distributed",
+    "镜像": "mirror", "代理": "proxy", "下载": "download", "学术加速": "accelerator proxy",
+    "很慢": "slow", "变慢": "slow", "太慢": "slow", "慢": "slow", "断开": "disconnect", "断线": "disconnect",
+    "掉线": "disconnect", "连不上": "connection fail", "连接": "connection", "超时": "timeout",
+    "进程": "process", "杀掉": "kill", "被杀": "killed", "日志": "log", "输出": "output",
+    "抢占": "preempt", "竞价": "spot", "中断": "interrupted", "无卡模式": "cpu mode", "训练": "train",
+}
+# Characters of grammar, not meaning: a bigram holding one is not indexed.
+_ZH_FILLER = frozenset("的了是我你他她它在吗呢吧啊就都也和有这那个么怎什为会要把被还又很到说着过给让用对从"
+                       "而与及或但如果该请")
+_ZH_RUN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]+")
+_ZH_LONGEST = max(map(len, ZH_WORDS))
+
 _NOT_WORD = re.compile(r"[^a-z0-9]+")
 _XID_QUERY = re.compile(r"^\s*xid\s*(\d{1,4})\s*$", re.IGNORECASE)
 
@@ -165,18 +208,57 @@ class Token:
 
 
 def tokenize(text: str) -> List[Token]:
-    """Terms of `text` in order: phrases joined, synonyms merged, stopwords dropped, stemmed."""
-    flat = _NOT_WORD.sub(" ", text.lower())
-    for pattern, term in PHRASES:
-        flat = re.sub(pattern, f" {term.replace(' ', '_')} ", flat)
+    """Terms of `text` in order: phrases joined, synonyms merged, stopwords dropped, stemmed; a run of
+    Chinese characters gives its ZH_WORDS and the bigrams of what is left."""
+    out: List[Token] = []
+    low, start = text.lower(), 0
+    for run in _ZH_RUN.finditer(low):
+        out += _latin_tokens(low[start:run.start()])
+        out += _zh_tokens(run.group())
+        start = run.end()
+    out += _latin_tokens(low[start:])
+    return out
+
+
+@functools.lru_cache(maxsize=8192)
+def _term(word: str) -> str:
+    return stem(SYNONYMS.get(word, word))
+
+
+def _latin_tokens(text: str) -> List[Token]:
+    flat = _NOT_WORD.sub(" ", text)
+    for pattern, term, anchor in PHRASES:
+        if anchor in flat:
+            flat = re.sub(pattern, f" {term.replace(' ', '_')} ", flat)
     out: List[Token] = []
     for raw in flat.split():
         for piece in raw.split("_") if "_" in raw else (raw,):
             word = piece
             if word in STOPWORDS or (len(word) == 1 and not word.isdigit()):
                 continue
-            out.append(Token(stem(SYNONYMS.get(word, word)), word))
+            out.append(Token(_term(word), word))
     return out
+
+
+def _zh_tokens(run: str) -> List[Token]:
+    """ZH_WORDS found longest first, left to right; bigrams of the stretches between them."""
+    out: List[Token] = []
+    start = at = 0
+    while at < len(run):
+        word = next((run[at:at + n] for n in range(min(_ZH_LONGEST, len(run) - at), 0, -1)
+                     if run[at:at + n] in ZH_WORDS), None)
+        if word is None:
+            at += 1
+            continue
+        out += _bigrams(run[start:at])
+        out += [Token(t.term, word) for t in _latin_tokens(ZH_WORDS[word])]
+        at = start = at + len(word)
+    return out + _bigrams(run[start:])
+
+
+def _bigrams(run: str) -> List[Token]:
+    pairs = [run[i:i + 2] for i in range(len(run) - 1)] if len(run) > 1 else [run] if run else []
+    return [Token(p, p) for p in pairs if not any(c in _ZH_FILLER for c in p)]
 
 
 def terms(text: str) -> List[str]:
@@ -186,76 +268,160 @@ def terms(text: str) -> List[str]:
 # ---- the index ------------------------------------------------------------------------------
 
 
+Doc = Union[Entry, Fact]
+# The next command of an entry that names none and no event kind, by the field its source is in.
+NEXT_BY_FIELD: Dict[str, str] = {
+    "training": "rgt rehearse -- COMMAND",              # the fixed script's whole life, here, on CPU
+    "run-local": "rgt rehearse -- COMMAND",
+    "run-remote": "rgt status RUN",
+    "verifying": "rgt compare RUN_A RUN_B",
+    "delivering": "rgt reconcile REPORT.md --evidence RUN_DIR",
+    "profiles": "rgt profile list",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Hit:
-    """One ranked entry: its score and what made it match (query words, or kind/data conditions)."""
+    """One ranked entry or platform fact: its score and what made it match (query words, or
+    kind/data conditions)."""
 
-    entry: Entry
+    entry: Doc
     score: float
     matched: Tuple[str, ...]
 
+    @property
+    def next_command(self) -> Optional[str]:
+        """The rgt command to run next for this hit: the entry's own, else where its events are, else
+        what its field checks with (a training fix is rehearsed on CPU before renting)."""
+        e = self.entry
+        if e.command:
+            return e.command
+        if e.kinds:
+            return f"rgt events RUN --kind {e.kinds[0]}"
+        field = e.source[0].split("/", 1)[0] if e.source else ""
+        return NEXT_BY_FIELD.get(field)
+
     def to_dict(self) -> Dict[str, Any]:
         e = self.entry
-        return {"id": e.id, "title": e.title, "score": round(self.score, 3), "matched": list(self.matched),
-                "cause": e.cause, "fix": list(e.fix), "kinds": list(e.kinds), "symptoms": list(e.symptoms),
-                "signals": list(e.signals), "see": list(e.see)}
+        out = {"id": e.id, "title": e.title, "score": round(self.score, 3), "matched": list(self.matched),
+               "cause": e.cause, "fix": list(e.fix), "kinds": list(e.kinds), "symptoms": list(e.symptoms),
+               "signals": list(e.signals), "see": list(e.see), "source": list(e.source),
+               "verified": e.verified, "next": self.next_command,
+               "type": "profile" if isinstance(e, Fact) else "entry"}
+        if isinstance(e, Fact):
+            out["profile"] = e.profile
+        return out
 
 
-def _fields(entry: Entry) -> Dict[str, str]:
+def _fields(entry: Doc) -> Dict[str, str]:
     return {"title": entry.title, "symptoms": "\n".join(entry.symptoms),
             "signals": "\n".join(entry.signals), "cause": entry.cause, "kinds": " ".join(entry.kinds)}
 
 
-class Index:
-    """BM25F over the catalog's entries (see the module doc)."""
+def _counts(doc: Doc, weights: Sequence[Tuple[str, float]]) -> Tuple[Dict[str, float], float]:
+    counts: Dict[str, float] = {}
+    size = 0.0
+    fields = _fields(doc)
+    for name, weight in weights:
+        found = terms(fields[name])
+        size += weight * len(found)
+        for term in found:
+            counts[term] = counts.get(term, 0.0) + weight
+    return counts, size
 
-    def __init__(self, catalog: Catalog, weights: Sequence[Tuple[str, float]] = FIELD_WEIGHTS) -> None:
+
+class Index:
+    """BM25F over the catalog's entries and the platforms' facts (see the module doc). A fact
+    counts, in the scores and in the document frequencies, only for a query that names its
+    platform: a question about NaN ranks the same whatever profiles exist."""
+
+    def __init__(self, catalog: Catalog, weights: Sequence[Tuple[str, float]] = FIELD_WEIGHTS,
+                 facts: Sequence[Fact] = ()) -> None:
         self.catalog = catalog
         self.tf: List[Dict[str, float]] = []
         self.length: List[float] = []
         self.df: Dict[str, int] = {}
         for entry in catalog.entries:
-            counts: Dict[str, float] = {}
-            size = 0.0
-            fields = _fields(entry)
-            for name, weight in weights:
-                found = terms(fields[name])
-                size += weight * len(found)
-                for term in found:
-                    counts[term] = counts.get(term, 0.0) + weight
+            counts, size = _counts(entry, weights)
             self.tf.append(counts)
             self.length.append(size)
             for term in counts:
                 self.df[term] = self.df.get(term, 0) + 1
         self.avg_length = sum(self.length) / max(1, len(self.length))
+        self.facts = tuple(facts)
+        self.fact_counts = [_counts(f, weights) for f in self.facts]
 
-    def idf(self, term: str) -> float:
-        n, df = len(self.tf), self.df.get(term, 0)
+    def parts(self) -> Dict[str, Any]:
+        """What the index computed, as JSON data (controller.insight.index_cache keeps it)."""
+        return {"tf": self.tf, "length": self.length, "df": self.df,
+                "fact_counts": [[c, n] for c, n in self.fact_counts]}
+
+    @classmethod
+    def from_parts(cls, catalog: Catalog, facts: Sequence[Fact], parts: Mapping[str, Any]) -> Index:
+        """An index from `parts()` of one built over the same catalog and facts."""
+        index = cls.__new__(cls)
+        index.catalog, index.facts = catalog, tuple(facts)
+        index.tf, index.length, index.df = parts["tf"], parts["length"], parts["df"]
+        index.fact_counts = [(c, n) for c, n in parts["fact_counts"]]
+        if len(index.tf) != len(catalog.entries) or len(index.fact_counts) != len(index.facts):
+            raise ValueError("index parts do not match the catalog and facts")
+        index.avg_length = sum(index.length) / max(1, len(index.length))
+        return index
+
+    def idf(self, term: str, extra_docs: int = 0, extra_df: int = 0) -> float:
+        n, df = len(self.tf) + extra_docs, self.df.get(term, 0) + extra_df
         return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
-    def search(self, text: str, top: int = 3) -> List[Hit]:
-        """Entries ranked by BM25F for `text`, best first; only entries with a positive score."""
+    def search(self, text: str, top: int = 3, platforms: Collection[str] = ()) -> List[Hit]:
+        """Entries (and the facts of `platforms`) ranked by BM25F for `text`, best first; only those
+        with a positive score."""
         query: Dict[str, str] = {}
         for token in tokenize(text):
             query.setdefault(token.term, token.word)
+        docs: List[Tuple[Doc, Dict[str, float], float]] = [
+            (e, self.tf[i], self.length[i]) for i, e in enumerate(self.catalog.entries)]
+        docs += [(f, c, n) for f, (c, n) in zip(self.facts, self.fact_counts) if f.profile in platforms]
+        extra = docs[len(self.tf):]
+        idf = {term: self.idf(term, len(extra), sum(1 for _, c, _ in extra if term in c)) for term in query}
         hits: List[Tuple[float, int, Tuple[str, ...]]] = []
-        for i, counts in enumerate(self.tf):
+        for i, (_, counts, length) in enumerate(docs):
             parts: List[Tuple[float, str]] = []
-            norm = K1 * (1.0 - B + B * self.length[i] / self.avg_length)
+            norm = K1 * (1.0 - B + B * length / self.avg_length)
             for term, word in query.items():
                 tf = counts.get(term, 0.0)
                 if tf > 0:
-                    parts.append((self.idf(term) * tf * (K1 + 1.0) / (tf + norm), word))
+                    parts.append((idf[term] * tf * (K1 + 1.0) / (tf + norm), word))
             if parts:
                 parts.sort(key=lambda p: -p[0])
-                hits.append((sum(p[0] for p in parts), i, tuple(w for _, w in parts)))
+                words = tuple(dict.fromkeys(w for _, w in parts))   # one word may give two terms
+                hits.append((sum(p[0] for p in parts), i, words))
         hits.sort(key=lambda h: (-h[0], h[1]))
-        return [Hit(self.catalog.entries[i], score, matched) for score, i, matched in hits[:top]]
+        return [Hit(docs[i][0], score, matched) for score, i, matched in hits[:top]]
+
+
+def _build() -> index_cache.Built:
+    cat, plats = default_catalog(), platforms.default_platforms()
+    return cat, plats, Index(cat, facts=plats.facts).parts()
 
 
 @functools.lru_cache(maxsize=1)
+def _default() -> Tuple[Index, Platforms]:
+    """The packaged catalog's index and the profiles' platforms: from the on-disk cache when it is
+    current (controller.insight.index_cache), else built and cached."""
+    cat, plats, parts = index_cache.load_or_build(_build)
+    try:
+        return Index.from_parts(cat, plats.facts, parts), plats
+    except (ValueError, KeyError, TypeError):
+        cat, plats, parts = _build()
+        return Index.from_parts(cat, plats.facts, parts), plats
+
+
 def default_index() -> Index:
-    return Index(default_catalog())
+    return _default()[0]
+
+
+def default_platforms() -> Platforms:
+    return _default()[1]
 
 
 # ---- events ---------------------------------------------------------------------------------
@@ -377,10 +543,11 @@ class QueryError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Query:
-    mode: str                      # "kind", "id" or "text"
+    mode: str                      # "kind", "id", "text", or "platform" (--platform alone)
     text: str                      # the query as the person gave it
     kind: Optional[str] = None
     data: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    platform: Optional[str] = None  # --platform: only this profile's facts, named or not
 
 
 def _value(text: str) -> Any:
@@ -397,18 +564,24 @@ def _value(text: str) -> Any:
     return text
 
 
-def parse_query(words: Sequence[str], catalog: Optional[Catalog] = None) -> Query:
-    """KIND [FIELD=VALUE ...] (or `xid CODE`), an entry id, or free text. QueryError if empty or a
-    kind's data hints cannot be read."""
-    cat = catalog or default_catalog()
+def parse_query(words: Sequence[str], catalog: Optional[Catalog] = None,
+                platform: Optional[str] = None) -> Query:
+    """KIND [FIELD=VALUE ...] (or `xid CODE`), an entry or fact id, or free text. QueryError if empty, a
+    kind's data hints cannot be read, or `platform` names no profile."""
+    cat = catalog or default_index().catalog
+    if platform is not None and platform not in default_platforms().known():
+        known = ", ".join(default_platforms().known())
+        raise QueryError(f"no platform profile {platform!r} (known: {known})")
     text = " ".join(w.strip() for w in words if w.strip())
+    if not text and platform is not None:
+        return Query("platform", "", platform=platform)
     if not text:
         raise QueryError("give an event kind, an entry id or a description of the problem")
     xid = _XID_QUERY.match(text)
     if xid:
-        return Query("kind", text, "gpu.xid", {"code": int(xid.group(1))})
+        return Query("kind", text, "gpu.xid", {"code": int(xid.group(1))}, platform)
     head, rest = words[0].strip(), [w.strip() for w in words[1:] if w.strip()]
-    if head in known_kinds() or head in cat.kinds():
+    if "." in head and (head in known_kinds() or head in cat.kinds()):   # every kind is dotted
         data: Dict[str, Any] = {}
         for item in rest:
             if head == "gpu.xid" and item.isdigit():
@@ -418,37 +591,72 @@ def parse_query(words: Sequence[str], catalog: Optional[Catalog] = None) -> Quer
             if not eq or not name:
                 raise QueryError(f"after a kind, give data as FIELD=VALUE (like code=79), not {item!r}")
             data[name] = _value(value)
-        return Query("kind", text, head, data)
-    if not rest and cat.get(head) is not None:
-        return Query("id", text)
-    return Query("text", text)
+        return Query("kind", text, head, data, platform)
+    if not rest and (cat.get(head) is not None or _fact(head) is not None):
+        return Query("id", text, platform=platform)
+    return Query("text", text, platform=platform)
+
+
+def _fact(fact_id: str) -> Optional[Fact]:
+    if not fact_id.startswith("profile:"):
+        return None
+    return next((f for f in default_platforms().facts if f.id == fact_id), None)
 
 
 @dataclasses.dataclass(frozen=True)
 class Answer:
     query: Query
     hits: Tuple[Hit, ...]
+    platforms: Tuple[str, ...] = ()   # the profiles whose facts were eligible
+    hint: Optional[str] = None        # what would make the answer better (name the platform)
+
+    @property
+    def next_command(self) -> Optional[str]:
+        """The first hit's next command (or the first hit that has one)."""
+        return next((h.next_command for h in self.hits if h.next_command), None)
 
     def to_dict(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"query": self.query.text, "mode": self.query.mode,
-                               "entries": [h.to_dict() for h in self.hits]}
+                               "entries": [h.to_dict() for h in self.hits], "platforms": list(self.platforms),
+                               "next": self.next_command, "hint": self.hint}
         if self.query.kind is not None:
             out["kind"] = self.query.kind
             out["data"] = dict(self.query.data)
         return out
 
 
+def _platform_hint(text: str) -> Optional[str]:
+    words = platforms.normalized(text).split()
+    zh = [w for w in platforms.PLATFORM_WORDS if not w.isascii() and w in text]
+    if not (platforms.asks_about_platforms(words) or zh):
+        return None
+    names = ", ".join(default_platforms().known())
+    return ("name the platform (or give --platform NAME) for what stops its meter, what each action "
+            f"deletes and what survives: {names}")
+
+
 def answer(query: Query, top: int = 3, catalog: Optional[Catalog] = None) -> Answer:
-    """The best `top` entries for a parsed query (an id answers with its one entry)."""
-    cat = catalog or default_catalog()
+    """The best `top` entries for a parsed query (an id answers with its one entry). Free text that
+    names a platform, or a query with --platform, ranks that profile's facts beside the entries."""
+    cat = catalog or default_index().catalog
     if query.mode == "id":
-        entry = cat.get(query.text)
+        entry: Optional[Doc] = cat.get(query.text) or _fact(query.text)
         return Answer(query, (Hit(entry, 1.0, ("id",)),) if entry else ())
     if query.mode == "kind":
         assert query.kind is not None
         return Answer(query, tuple(rank_for_kind(query.kind, query.data, cat)[:top]))
-    index = default_index() if catalog is None else Index(cat)
-    return Answer(query, tuple(index.search(query.text, top)))
+    if query.mode == "platform":
+        facts = [f for f in default_platforms().facts if f.profile == query.platform]
+        return Answer(query, tuple(Hit(f, 1.0, (f"platform={query.platform}",)) for f in facts),
+                      (str(query.platform),))
+    index = default_index() if catalog is None else Index(cat, facts=default_platforms().facts)
+    text = platforms.normalized(query.text)
+    named = default_platforms().named_in(query.text)
+    for _, phrase in named:
+        text = text.replace(f" {phrase} ", " ") if phrase.isascii() else text.replace(phrase, " ")
+    eligible = (query.platform,) if query.platform else tuple(dict.fromkeys(n for n, _ in named))
+    hint = None if eligible else _platform_hint(query.text)
+    return Answer(query, tuple(index.search(text, top, eligible)), eligible, hint)
 
 
 __all__ = ["Answer", "FIELD_WEIGHTS", "Hit", "Index", "PHRASES", "Query", "QueryError", "SYNONYMS", "Token",
