@@ -10,7 +10,10 @@ tests/controller/test_explain.py, loaded from that file (not copied). Measured h
 - `rgt explain "..."` end to end as a subprocess (what a person waits for), p50 of --cold runs,
   next to a bare `python -c pass` (the interpreter's own start) and `import controller.cli.main`;
 - top-1 and top-3 hit rates over the descriptions (the index's search, as the test does);
-- entry_for_event for a few event kinds, p50/p99 over --calls calls each.
+- entry_for_event for a few event kinds, p50/p99 over --calls calls each;
+- the eval set (tests/controller/explain_cases/*.jsonl: long questions, Chinese ones, platform
+  ones): top-1 and top-3 rates per group, the time per question in-process, and `rgt explain
+  "<question>"` end to end for every question (the interpreter's start-up included), p50/p99/max.
 
     .venv/bin/python bench/explain_rank.py [--repeats 20] [--cold 5] [--calls 2000]
 
@@ -35,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from controller.insight import catalog, explain  # noqa: E402
+from tests.controller import explain_eval  # noqa: E402
 
 COLD_CODE = """
 import json, time
@@ -103,11 +107,11 @@ def cold(runs: int, env: Dict[str, str], first: str) -> Dict[str, Any]:
             took, done = timed_run(argv, env)
             walls[name].append(took)
             codes.add(done.returncode)
-    raw = catalog._read_packaged()
+    main_text, more = catalog._read_packaged()
     warm: List[float] = []
     for _ in range(runs):
         t = time.perf_counter()
-        catalog.parse(raw)
+        catalog.parse(main_text, more=more)
         warm.append(time.perf_counter() - t)
     return {"entries": entries, "load_ms_p50": round(1000 * statistics.median(loads), 1),
             "index_ms_p50": round(1000 * statistics.median(index), 1),
@@ -143,6 +147,33 @@ def quality(cases: List[Tuple[str, str]]) -> Dict[str, Any]:
             "top3_rate": round(top3 / n, 3), "not_first": misses}
 
 
+def eval_set(env: Dict[str, str], rgt: List[str]) -> Dict[str, Any]:
+    """The eval set (tests/controller/explain_cases): top-1 and top-3 rates, each question's time in
+    the process, and `rgt explain "<question>"` end to end per question (start-up included)."""
+    cases = explain_eval.load_cases()
+    t = time.perf_counter()
+    results = explain_eval.run(cases)
+    per_q_ms = 1000 * (time.perf_counter() - t) / len(cases)
+    walls: List[float] = []
+    for case in cases:
+        took, _ = timed_run([*rgt, "explain", case.q], env)
+        walls.append(took)
+    n = len(results)
+
+    def rate(rs: List[explain_eval.Result], what: str) -> Optional[float]:
+        return round(sum(getattr(r, what) for r in rs) / len(rs), 3) if rs else None
+
+    groups = {"all": results, "chinese": [r for r in results if r.case.chinese],
+              "platform": [r for r in results if r.case.platform]}
+    return {"cases": n, "in_process_ms_per_question": round(per_q_ms, 2),
+            "end_to_end_ms": {"p50": round(1000 * pct(walls, 0.5), 1),
+                              "p99": round(1000 * pct(walls, 0.99), 1), "max": round(1000 * max(walls), 1)},
+            "rates": {g: {"n": len(rs), "top1": rate(rs, "top1"), "top3": rate(rs, "top3")}
+                      for g, rs in groups.items()},
+            "misses": [{"where": r.case.where, "want": list(r.case.want), "got": list(r.got)}
+                       for r in results if not r.top3]}
+
+
 def events(calls: int) -> List[Dict[str, Any]]:
     out: List[Dict[str, Any]] = []
     for kind, data in EVENTS:
@@ -166,8 +197,17 @@ def print_tables(r: Dict[str, Any]) -> None:
             ("text query in-process, p99", f"{q['p99_ms']:.3f} ms")]
     rows += [(f"{name}, wall p50", f"{ms:.0f} ms") for name, ms in c["wall_ms_p50"].items()]
     n = k["descriptions"]
-    rows += [(f"top-1 hits ({n} descriptions)", f"{k['top1']} ({100 * k['top1_rate']:.1f} %)")]
+    rows += [(f"top-1 hits ({n} short descriptions)", f"{k['top1']} ({100 * k['top1_rate']:.1f} %)")]
     rows += [("top-3 hits", f"{k['top3']} ({100 * k['top3_rate']:.1f} %)")]
+    ev = r["eval"]
+    for group, got in ev["rates"].items():
+        if got["n"]:
+            rows += [(f"eval set, {group} ({got['n']} questions): top-1 / top-3",
+                      f"{100 * got['top1']:.1f} % / {100 * got['top3']:.1f} %")]
+    rows += [("eval set, in-process per question", f"{ev['in_process_ms_per_question']:.2f} ms"),
+             ("eval set, rgt explain end to end p50 / p99 / max",
+              f"{ev['end_to_end_ms']['p50']:.0f} / {ev['end_to_end_ms']['p99']:.0f} / "
+              f"{ev['end_to_end_ms']['max']:.0f} ms")]
     width = max(len(a) for a, _ in rows)
     for a, b in rows:
         print(f"{a.ljust(width)}  {b}")
@@ -180,6 +220,9 @@ def print_tables(r: Dict[str, Any]) -> None:
     for miss in k["not_first"]:
         where = "top-3" if miss["in_top3"] else "MISS "
         print(f"{where} want {miss['wanted']:<28} got {', '.join(miss['got']) or '-'}")
+    for miss in ev["misses"]:
+        got = ", ".join(miss["got"]) or "-"
+        print(f"EVAL MISS {miss['where']}: want {', '.join(miss['want'])} got {got}")
 
 
 def main() -> int:
@@ -193,6 +236,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rgt-explain-bench-") as home:
         env = {**os.environ, "RGT_HOME": home, "PYTHONPATH": str(REPO)}
         report: Dict[str, Any] = {"cold": cold(args.cold, env, cases[0][0])}
+        report["eval"] = eval_set(env, report["cold"]["rgt"].split())
     report.update({"query": queries(cases, args.repeats), "quality": quality(cases),
                    "events": events(args.calls), "repeats": args.repeats, "cold_runs": args.cold,
                    "calls": args.calls,
