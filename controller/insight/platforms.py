@@ -146,7 +146,7 @@ def _clocks(p: profiles.Profile) -> Optional[Fact]:
                   "首次使用 注意事项 忘记关机 欠费 多少天后释放 数据会被删除"),
         signals=tuple(s.danger_clocks) + tuple(s.notes),
         cause=s.danger_clocks[0] if s.danger_clocks else s.notes[0],
-        fix=("Arm the dead-man so a forgotten box stops itself safely: rgt deadman arm HOST.",
+        fix=("Arm the dead-man so a forgotten box stops itself safely: rgt deadman HOST arm.",
              f"Read every clock once: rgt profile show {p.name}.",
              "Pull and verify what you need before any clock runs out: rgt pull RUN, rgt verify RUN."),
         profile=p.name, verified=_oldest([st.verified for st in p.stamps]), source=(f"profile {p.name}",),
