@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 import psutil  # noqa: TID251 (the psutil seam)
+
+from onbox.runs import proc_stat  # the one reader of /proc/PID/stat
 
 
 def pid_alive(pid: int) -> bool:
@@ -30,33 +33,19 @@ def own_usage() -> Dict[str, Any]:
         return {"rss_bytes": me.memory_info().rss, "cpu_s": round(times.user + times.system, 3)}
 
 
-def _stat_fields(pid: int, proc: str) -> List[str]:
-    """The fields of /proc/PID/stat after the name, from the state on; [] when gone or unreadable."""
-    try:
-        with open(os.path.join(proc, str(pid), "stat"), "rb") as f:
-            text = f.read(4096).decode("ascii", "replace")
-    except OSError:
-        return []
-    _, sep, rest = text.rpartition(")")  # the name may hold spaces and parentheses
-    return rest.split() if sep else []
-
-
 def proc_state(pid: int, proc: str = "/proc") -> Optional[str]:
     """The state letter of /proc/PID/stat ("R", "S", "T" stopped by a signal, "t" traced...); None
     when the process is gone or unreadable."""
-    fields = _stat_fields(pid, proc)
-    return fields[0] if fields else None
+    found = proc_stat(pid, Path(proc))
+    return found[0] if found else None
 
 
 def start_ticks(pid: int, proc: str = "/proc") -> Optional[int]:
     """When the process started, in clock ticks since boot: fixed for its life, unlike a start time
     on the wall clock (psutil's create_time adds /proc/stat's btime, which moves whenever the clock
     is stepped or slewed: 14 s in 10 minutes on a loaded VM here)."""
-    fields = _stat_fields(pid, proc)
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
+    found = proc_stat(pid, Path(proc))
+    return found[2] if found else None
 
 
 RANK_KEYS = ("RANK", "LOCAL_RANK", "GROUP_RANK")
