@@ -1,7 +1,8 @@
 """End to end: a multi-node run on Slurm, with two sidecars on this machine as two nodes.
 
 examples/slurm/train.sbatch itself runs under bash, with tests/e2e/fakeslurm/srun on PATH (one
-copy of its command per node, SLURM_NODEID set) and an `rgt-onbox` that runs this checkout. Each
+copy of its command per node, SLURM_NODEID set), a fake scontrol before any real one (a real
+scontrol with no cluster ends the script under set -e) and an `rgt-onbox` that runs this checkout. Each
 "node" starts its share of the job (tests/e2e/data/node_job.py: scripts/train_tiny.py with that
 node's arguments) and its own sidecar. `rgt track local RUN` then follows both streams, and the
 real `rgt` CLI shows what the group verdicts say.
