@@ -30,12 +30,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip download -q --only-binary=:all: -d $(WHEELHOUSE) $(BOX_DEPS)
 	touch $(STAMP)
 
-# openssh-server and rsync back the end-to-end tests; installed only when
-# running as root and missing (CI and fresh dev boxes of this kind).
+# openssh-server and rsync back the end-to-end tests, slurm-wlm and munge the real Slurm cluster of
+# tests/slurm; installed only when running as root and missing (CI and fresh dev boxes of this
+# kind), in one apt-get, beside the venvs' set-up. Slurm is best effort: without it tests/slurm
+# skips, each test saying why.
 system-deps:
-	@if [ "$$(id -u)" = 0 ] && { ! command -v sshd >/dev/null && [ ! -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null; }; then \
-		echo "installing openssh-server and rsync"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client rsync >/dev/null; \
+	@if [ "$$(id -u)" = 0 ] && { ! command -v sshd >/dev/null && [ ! -x /usr/sbin/sshd ] || ! command -v rsync >/dev/null \
+			|| [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/munged ]; }; then \
+		echo "installing openssh-server, rsync, slurm-wlm and munge"; \
+		apt-get update -qq && { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client \
+			rsync slurm-wlm munge >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			openssh-server openssh-client rsync >/dev/null; }; \
 	fi
 
 lint: $(STAMP)
@@ -115,7 +120,7 @@ rewrite-cache39:
 # other: with the 3.9 leg beside the main suite (make -j2) the whole took 13m31s against 12m28s
 # serial on this 2-core machine, the suites being CPU-bound enough not to overlap.
 test:
-	@$(MAKE) --no-print-directory -j2 $(STAMP) venv39
+	@$(MAKE) --no-print-directory -j3 $(STAMP) venv39 system-deps
 	@$(MAKE) --no-print-directory -j3 lint typecheck rewrite-cache rewrite-cache39
 	@$(MAKE) --no-print-directory pytest py39
 
