@@ -2,6 +2,7 @@
 platforms) and the entries that must rank in their top 3. `make test` fails below 95 %."""
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Optional
 
@@ -37,6 +38,8 @@ def test_the_catalog_carries_the_skills_knowledge_with_sources() -> None:
     assert len(entries) >= 200
     assert [e.id for e in entries if not e.source] == []
     assert sum(any("\u4e00" <= ch <= "\u9fff" for s in e.symptoms for ch in s) for e in entries) >= 30
+    cited = {m for e in entries for s in e.source for m in re.findall(r"gotchas_universal (U\d+)", s)}
+    assert cited == {f"U{n}" for n in range(1, 45)}   # every one of the skill's 44 gotchas has a home
 
 
 def _resolves(line: str) -> Optional[str]:
