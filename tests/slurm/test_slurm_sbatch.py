@@ -17,19 +17,14 @@ from typing import Any, Dict, List
 import pytest
 
 from onbox.sidecar.journal import read_all
+from tests.e2e.test_multinode_e2e import LAUNCH_ARGS, NODE_JOB, NODES, SBATCH  # the fake allocation's
 from tests.helpers import REPO, wait_until
 from tests.slurm.cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
 SLURM_NODE_SHAPE = {"cpus": 32, "gpus": 8}   # what train.sbatch's #SBATCH lines ask of a node
-SBATCH = REPO / "examples" / "slurm" / "train.sbatch"
-NODE_JOB = REPO / "tests" / "e2e" / "data" / "node_job.py"
-# As tests/e2e/test_multinode_e2e.py: fast heartbeats, no pre-flight, no GPU probe, no kernel log.
-LAUNCH_ARGS = ("--no-preflight --sidecar-linger=0s --probe none --serve-arg=--heartbeat=1 "
-               "--serve-arg=--no-kmsg")
 STEPS = ["--steps", "20", "--step-seconds", "0.02", "--log-every", "5", "--ckpt-every", "100000"]
-NODES = ("n0", "n1")
 
 
 def journal(stream_dir: Path) -> List[Dict[str, Any]]:
