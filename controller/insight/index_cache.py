@@ -48,7 +48,7 @@ def sources(environ: Optional[Mapping[str, str]] = None) -> List[Path]:
     where = Path(env["RGT_PROFILES_DIR"]) if env.get("RGT_PROFILES_DIR") else code
     if where is not None:
         found += sorted(where.glob("*.toml"))
-    found += [here / f"{m}.py" for m in ("catalog", "explain", "platforms", "index_cache")]
+    found += [here / f"{m}.py" for m in ("catalog", "explain", "platforms", "words", "index_cache")]
     if code is not None:
         found += [code / f"{m}.py" for m in ("loader", "model", "schema")]
     return found

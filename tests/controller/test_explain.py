@@ -15,7 +15,8 @@ from controller.cli.base import RgtGroup
 from controller.cli.explain import explain_command
 from controller.insight import explain
 from controller.insight.catalog import default_catalog
-from controller.insight.explain import entry_for_event, parse_query, tokenize
+from controller.insight.explain import entry_for_event, parse_query
+from controller.insight.words import tokenize
 from controller.store.db import Store
 from protocol import Event
 

@@ -17,7 +17,8 @@ import profiles
 from controller.cli.explain import explain_command
 from controller.insight import explain, platforms
 from controller.insight.catalog import default_catalog
-from controller.insight.explain import Index, tokenize
+from controller.insight.explain import Index
+from controller.insight.words import tokenize
 
 
 def ask(*args: str) -> dict:
