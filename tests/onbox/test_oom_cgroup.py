@@ -7,6 +7,7 @@ sidecar's monitor turns the wrapper's plain SIGKILL into `oom_killed` with the l
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -24,17 +25,27 @@ from onbox.sources.process import ProcInfo
 from tests.helpers import Clock, Recorder, wait_until
 
 LIMIT = 64 << 20
+# The job waits on a FIFO (its read ends when the test opens and closes the other end), then leaks.
 LEAK = """
-import os, sys, time
-deadline = time.monotonic() + 120
-while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
-    time.sleep(0.05)
+import sys
+with open(sys.argv[1]) as go:
+    go.read()
 chunks = []
 while True:
     chunk = bytearray(8 << 20)
     chunk[::4096] = b"x" * len(chunk[::4096])   # touch every page: it is charged
     chunks.append(chunk)
 """
+
+
+def _open_writer(fifo: Path) -> Optional[int]:
+    """A write end of `fifo` once a reader has it open (ENXIO until then); closing it is the go."""
+    try:
+        return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            return None
+        raise
 
 
 def _own_v1_memory_cgroup() -> Optional[Path]:
@@ -76,6 +87,7 @@ def test_a_job_oom_killed_in_its_own_v1_cgroup_is_reported_with_the_limit(tmp_pa
                                                                          v1_cgroup: Path) -> None:
     run_dir, go = tmp_path / "run", tmp_path / "go"
     (run_dir / "rgt").mkdir(parents=True)
+    os.mkfifo(go)
     (tmp_path / "leak.py").write_text(LEAK)
     spec = {"argv": [sys.executable, str(tmp_path / "leak.py"), str(go)], "cwd": str(tmp_path),
             "env": {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, "run_id": "oom", "attempt": 1}
@@ -99,7 +111,7 @@ def test_a_job_oom_killed_in_its_own_v1_cgroup_is_reported_with_the_limit(tmp_pa
             mon.job_tick()
             return rel in mon.status()["job"].get("cgroups", [])
         wait_until(seen, 30, "the monitor to see the job's new cgroup")
-        go.write_text("")
+        os.close(wait_until(lambda: _open_writer(go), 30, "the job to wait on its go FIFO"))
 
         def exited() -> List[Dict[str, Any]]:
             mon.kmsg_tick()
