@@ -18,12 +18,11 @@ are two slurmd on 127.0.0.1, each on its own port. No cgroups (proctrack/linuxpr
 a job's processes are found by parentage, which is enough for a machine with no systemd.
 
 Slurm needs root here: slurmd starts each job as its user, and munged trusts the key's owner.
-`slurm_skip_reason()` says why a cluster cannot run (not root, slurm-wlm not installable); as root
-it installs slurm-wlm and munge with apt-get once, as `make system-deps` does for sshd.
+`slurm_skip_reason()` says why a cluster cannot run (not root, slurm-wlm not installed: `make test`
+installs it with sshd in its system-deps step).
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import secrets
@@ -40,8 +39,7 @@ from tests.helpers import wait_until
 
 DAEMONS = ("slurmctld", "slurmd", "munged")
 CLIENTS = ("sbatch", "srun", "squeue", "scontrol", "scancel", "sinfo")
-INSTALL_LOCK = Path("/tmp/rgt-slurm-install.lock")
-INSTALL_HINT = "install slurm-wlm and munge (as root: apt-get install -y slurm-wlm munge)"
+INSTALL_HINT = "as root, `make system-deps` (or apt-get install -y slurm-wlm munge) installs it"
 # Marks the environment of the daemons and clients this module starts, and so of the jobs those
 # submit (sbatch and srun export the environment). slurmd starts each slurmstepd with an empty
 # environment, re-parented to init, but in slurmd's own working directory: the cluster's root.
@@ -50,8 +48,6 @@ MARK = "RGT_TEST_SLURM_CLUSTER"
 # Job states after which a job runs no more.
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE"}
-
-_install_result: Optional[str] = None
 
 
 def _which(name: str) -> Optional[str]:
@@ -64,37 +60,14 @@ def _missing() -> List[str]:
 
 
 def slurm_skip_reason() -> Optional[str]:
-    """None when a cluster can start here; else why not (for pytest.skip). Installs slurm-wlm and
-    munge once, as root, when they are missing."""
-    global _install_result
+    """None when a cluster can start here; else why not (for pytest.skip). `make test` installs
+    slurm-wlm and munge (its system-deps step, as root); nothing is installed from a test."""
     if os.geteuid() != 0:
         return "a private Slurm cluster needs root (slurmd starts jobs as their user)"
-    if not _missing():
-        return None
-    if _install_result is None:
-        _install_result = _install()
-    return _install_result
-
-
-def _install() -> Optional[str]:
-    if shutil.which("apt-get") is None:
-        missing = ", ".join(_missing())
-        return f"slurm is not installed ({missing} missing) and there is no apt-get: {INSTALL_HINT}"
-    with open(INSTALL_LOCK, "w") as lock:   # one install at a time (pytest -n workers)
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _missing():
-            return None
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "slurm-wlm", "munge"]):
-            try:
-                done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
-                                      stdin=subprocess.DEVNULL)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                return f"`{' '.join(cmd)}` failed ({e}): {INSTALL_HINT}"
-            if done.returncode != 0:
-                return f"`{' '.join(cmd)}` exited {done.returncode}: {done.stderr.strip()[-300:]}"
-    left = _missing()
-    return f"still missing after apt-get install: {', '.join(left)}" if left else None
+    missing = _missing()
+    if missing:
+        return f"slurm is not installed ({', '.join(missing)} missing): {INSTALL_HINT}"
+    return None
 
 
 def free_ports(count: int) -> List[int]:
