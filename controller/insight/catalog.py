@@ -22,15 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.resources
 import re
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - the controller runs on 3.10 only with tomli
-    import tomli as tomllib
 
 SCHEMA_VERSIONS = (1,)
 # Kinds the catalog may name beyond protocol's registry: the dead-man's life, written by the box's
@@ -224,7 +218,17 @@ def _defaults(raw: Any, by_id: Mapping[str, Entry], entries: Tuple[Entry, ...]) 
     return {str(k): str(v) for k, v in raw.items()}
 
 
+def _toml() -> Any:
+    """tomllib, imported when a catalog is parsed (a cached index never parses one)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - the controller runs on 3.10 only with tomli
+        import tomli as tomllib
+    return tomllib
+
+
 def _document(text: str, source: str, main: bool) -> Dict[str, Any]:
+    tomllib = _toml()
     try:
         doc: Dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -270,6 +274,8 @@ def parse(text: str, source: str = "catalog.toml", more: Sequence[Tuple[str, str
 
 def _read_packaged() -> Tuple[str, List[Tuple[str, str]]]:
     """catalog.toml's text and each knowledge file's (name, text), in name order."""
+    import importlib.resources  # only to read the files (tempfile, shutil, lzma come with it)
+
     try:
         data = importlib.resources.files("controller.data")
         main = data.joinpath("catalog.toml").read_text(encoding="utf-8")

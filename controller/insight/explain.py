@@ -103,73 +103,131 @@ def _counts(doc: Doc, weights: Sequence[Tuple[str, float]]) -> Tuple[Dict[str, f
     return counts, size
 
 
+Postings = Dict[int, float]   # document number -> the term's weighted frequency in it
+
+
+def _invert(counts: Sequence[Mapping[str, float]]) -> Dict[str, Postings]:
+    out: Dict[str, Postings] = {}
+    for i, c in enumerate(counts):
+        for term, weight in c.items():
+            out.setdefault(term, {})[i] = weight
+    return out
+
+
+def _pack(postings: Postings) -> str:
+    return " ".join(f"{i}:{w!r}" for i, w in postings.items())   # repr: the float comes back exact
+
+
+def _unpack(text: str, docs: int) -> Postings:
+    """The postings `_pack` wrote; an item that is not one (a cache edited by hand) is left out."""
+    out: Postings = {}
+    for item in text.split() if isinstance(text, str) else ():
+        i, _, w = item.partition(":")
+        try:
+            if 0 <= int(i) < docs:
+                out[int(i)] = float(w)
+        except ValueError:
+            continue
+    return out
+
+
 class Index:
     """BM25F over the catalog's entries and the platforms' facts (see the module doc). A fact
     counts, in the scores and in the document frequencies, only for a query that names its
-    platform: a question about NaN ranks the same whatever profiles exist."""
+    platform: a question about NaN ranks the same whatever profiles exist.
+
+    Term counts are kept inverted (term -> the documents holding it): a question reads the postings
+    of its own few terms only, and a cached index (`parts()`) keeps each term's postings as one
+    string, unpacked when a question first asks for that term."""
 
     def __init__(self, catalog: Catalog, weights: Sequence[Tuple[str, float]] = FIELD_WEIGHTS,
                  facts: Sequence[Fact] = ()) -> None:
         self.catalog = catalog
-        self.tf: List[Dict[str, float]] = []
-        self.length: List[float] = []
-        self.df: Dict[str, int] = {}
-        for entry in catalog.entries:
-            counts, size = _counts(entry, weights)
-            self.tf.append(counts)
-            self.length.append(size)
-            for term in counts:
-                self.df[term] = self.df.get(term, 0) + 1
-        self.avg_length = sum(self.length) / max(1, len(self.length))
         self.facts = tuple(facts)
-        self.fact_counts = [_counts(f, weights) for f in self.facts]
+        entry_counts = [_counts(e, weights) for e in catalog.entries]
+        fact_counts = [_counts(f, weights) for f in self.facts]
+        self.length = [n for _, n in entry_counts]
+        self.fact_length = [n for _, n in fact_counts]
+        self._postings = _invert([c for c, _ in entry_counts])
+        self._fact_postings = _invert([c for c, _ in fact_counts])
+        self._packed: Dict[str, str] = {}
+        self._fact_packed: Dict[str, str] = {}
+        self.avg_length = sum(self.length) / max(1, len(self.length))
 
     def parts(self) -> Dict[str, Any]:
         """What the index computed, as JSON data (controller.insight.index_cache keeps it)."""
-        return {"tf": self.tf, "length": self.length, "df": self.df,
-                "fact_counts": [[c, n] for c, n in self.fact_counts]}
+        return {"postings": {t: _pack(p) for t, p in self._postings.items()}, "length": self.length,
+                "fact_postings": {t: _pack(p) for t, p in self._fact_postings.items()},
+                "fact_length": self.fact_length}
 
     @classmethod
     def from_parts(cls, catalog: Catalog, facts: Sequence[Fact], parts: Mapping[str, Any]) -> Index:
         """An index from `parts()` of one built over the same catalog and facts."""
         index = cls.__new__(cls)
         index.catalog, index.facts = catalog, tuple(facts)
-        index.tf, index.length, index.df = parts["tf"], parts["length"], parts["df"]
-        index.fact_counts = [(c, n) for c, n in parts["fact_counts"]]
-        if len(index.tf) != len(catalog.entries) or len(index.fact_counts) != len(index.facts):
+        index.length, index.fact_length = list(parts["length"]), list(parts["fact_length"])
+        if len(index.length) != len(catalog.entries) or len(index.fact_length) != len(index.facts):
             raise ValueError("index parts do not match the catalog and facts")
+        packed, fact_packed = parts["postings"], parts["fact_postings"]
+        if not isinstance(packed, dict) or not isinstance(fact_packed, dict):
+            raise ValueError("index postings are not term -> postings")
+        index._packed, index._fact_packed = packed, fact_packed
+        index._postings, index._fact_postings = {}, {}
         index.avg_length = sum(index.length) / max(1, len(index.length))
         return index
 
+    def postings(self, term: str) -> Postings:
+        """Entry number -> the term's weighted frequency there."""
+        found = self._postings.get(term)
+        if found is None:
+            found = self._postings[term] = _unpack(self._packed.get(term, ""), len(self.length))
+        return found
+
+    def fact_postings(self, term: str) -> Postings:
+        """Fact number -> the term's weighted frequency there."""
+        found = self._fact_postings.get(term)
+        if found is None:
+            packed = self._fact_packed.get(term, "")
+            found = self._fact_postings[term] = _unpack(packed, len(self.fact_length))
+        return found
+
     def idf(self, term: str, extra_docs: int = 0, extra_df: int = 0) -> float:
-        n, df = len(self.tf) + extra_docs, self.df.get(term, 0) + extra_df
+        n, df = len(self.length) + extra_docs, len(self.postings(term)) + extra_df
         return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
     def search(self, text: str, top: int = 3, platforms: Collection[str] = ()) -> List[Hit]:
         """Entries (and the facts of `platforms`) ranked by BM25F for `text`, best first; only those
-        with a positive score."""
+        with a positive score. Documents are numbered entries first, then the eligible facts in
+        order; a tie goes to the lower number."""
         query: Dict[str, str] = {}
         for token in tokenize(text):
             query.setdefault(token.term, token.word)
-        docs: List[Tuple[Doc, Dict[str, float], float]] = [
-            (e, self.tf[i], self.length[i]) for i, e in enumerate(self.catalog.entries)]
-        docs += [(f, c, n) for f, (c, n) in zip(self.facts, self.fact_counts) if f.profile in platforms]
-        extra = docs[len(self.tf):]
-        idf = {term: self.idf(term, len(extra), sum(1 for _, c, _ in extra if term in c)) for term in query}
-        hits: List[Tuple[float, int, Tuple[str, ...]]] = []
-        for i, (_, counts, length) in enumerate(docs):
-            parts: List[Tuple[float, str]] = []
-            norm = K1 * (1.0 - B + B * length / self.avg_length)
-            for term, word in query.items():
-                tf = counts.get(term, 0.0)
+        n = len(self.length)
+        eligible = [j for j, f in enumerate(self.facts) if f.profile in platforms] if platforms else []
+        number = {j: n + k for k, j in enumerate(eligible)}
+        lengths = self.length + [self.fact_length[j] for j in eligible]
+        found: Dict[int, List[Tuple[float, str]]] = {}
+        for term, word in query.items():
+            held = dict(self.postings(term))
+            extra = {number[j]: w for j, w in self.fact_postings(term).items() if j in number} \
+                if number else {}
+            idf = self.idf(term, len(eligible), len(extra))
+            held.update(extra)
+            for i, tf in held.items():
                 if tf > 0:
-                    parts.append((idf[term] * tf * (K1 + 1.0) / (tf + norm), word))
-            if parts:
-                parts.sort(key=lambda p: -p[0])
-                words = tuple(dict.fromkeys(w for _, w in parts))   # one word may give two terms
-                hits.append((sum(p[0] for p in parts), i, words))
+                    norm = K1 * (1.0 - B + B * lengths[i] / self.avg_length)
+                    found.setdefault(i, []).append((idf * tf * (K1 + 1.0) / (tf + norm), word))
+        hits: List[Tuple[float, int, Tuple[str, ...]]] = []
+        for i, parts in found.items():
+            parts.sort(key=lambda p: -p[0])
+            words = tuple(dict.fromkeys(w for _, w in parts))   # one word may give two terms
+            hits.append((sum(p[0] for p in parts), i, words))
         hits.sort(key=lambda h: (-h[0], h[1]))
-        return [Hit(docs[i][0], score, matched) for score, i, matched in hits[:top]]
+        return [Hit(self._doc(i, eligible), score, matched) for score, i, matched in hits[:top]]
+
+    def _doc(self, i: int, eligible: Sequence[int]) -> Doc:
+        n = len(self.length)
+        return self.catalog.entries[i] if i < n else self.facts[eligible[i - n]]
 
 
 def _build() -> index_cache.Built:

@@ -4,20 +4,18 @@ the profiles and 300 entries' words again (about 160 ms of CPU) in every new pro
 One JSON file, <state dir>/cache/explain-index.json (the state directory is private, 0700; JSON, never
 pickle: reading it runs no code); RGT_EXPLAIN_CACHE=off keeps none, RGT_EXPLAIN_CACHE=DIR keeps it in DIR
 (made private the same way). It holds the catalog, the platforms' facts and naming phrases, the
-index's term counts, and the key they were built for: a digest of the size and modification time of
+index's term counts, and the key they were built for: the size and modification time of
 every file they come from (catalog.toml, the knowledge files, the profiles) and of the code that turns
 them into an index. Any change there, a torn or foreign file, or a state directory that cannot be
 written means a fresh build; a cache never makes a question fail.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -27,9 +25,9 @@ from controller.insight.platforms import Fact, Platforms
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2
 NAME = "explain-index.json"
-Built = Tuple[Catalog, Platforms, Dict[str, Any]]   # the index's parts: tf, length, df, fact_counts
+Built = Tuple[Catalog, Platforms, Dict[str, Any]]   # the index's parts (explain.Index.parts)
 
 
 def _package_dir(name: str) -> Optional[Path]:
@@ -55,6 +53,8 @@ def sources(environ: Optional[Mapping[str, str]] = None) -> List[Path]:
 
 
 def key(files: List[Path]) -> str:
+    """What the cache must match: every file's size and mtime (the text itself, compared whole: a
+    hash would cost the OpenSSL import at every start)."""
     marks: List[Any] = [FORMAT, sys.version]
     for f in files:
         try:
@@ -62,7 +62,7 @@ def key(files: List[Path]) -> str:
             marks.append([str(f), st.st_size, st.st_mtime_ns])
         except OSError:
             marks.append([str(f), None])
-    return hashlib.sha256(json.dumps(marks).encode()).hexdigest()
+    return json.dumps(marks)
 
 
 def _tuples(value: Any) -> Any:
@@ -102,7 +102,7 @@ def decode(text: str, cache_key: str) -> Optional[Built]:
         facts = tuple(Fact(**{k: _tuples(v) for k, v in f.items()}) for f in doc["facts"])
         plats = Platforms(facts=facts, names={n: tuple(p) for n, p in doc["names"].items()})
         parts = doc["index"]
-        if not all(k in parts for k in ("tf", "length", "df", "fact_counts")):
+        if not all(k in parts for k in ("postings", "length", "fact_postings", "fact_length")):
             return None
         return cat, plats, parts
     except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -111,6 +111,8 @@ def decode(text: str, cache_key: str) -> Optional[Built]:
 
 
 def _save(path: Path, text: str) -> None:
+    import tempfile  # only on a cache miss
+
     fd, tmp = tempfile.mkstemp(prefix=".explain-", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -135,8 +137,8 @@ def load_or_build(build: Callable[[], Built], environ: Optional[Mapping[str, str
         return build()
     path = where / NAME
     try:
-        found = decode(path.read_text(encoding="utf-8"), cache_key)
-    except OSError:
+        found = decode(path.read_bytes().decode("utf-8"), cache_key)
+    except (OSError, UnicodeDecodeError):
         found = None
     if found is not None:
         return found

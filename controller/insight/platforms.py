@@ -21,6 +21,8 @@ import functools
 import re
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from controller.insight.words import is_cjk
+
 if TYPE_CHECKING:   # profiles are read only to build the facts (controller.insight.index_cache keeps them)
     import profiles
 
@@ -34,8 +36,7 @@ money invoice teardown destroy destroyed release released terminate terminated d
 shutdown poweroff instance instances pod pods volume volumes
 计费 扣费 收费 费用 释放 关机 销毁 删除 实例 数据盘 余额 欠费 停止计费
 """.split())
-_NOT_WORD = re.compile(r"[^a-z0-9\u3400-\u9fff]+")
-_CJK = re.compile(r"[\u3400-\u9fff]")
+_NOT_WORD = re.compile(r"[^a-z0-9]+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +59,12 @@ class Fact:
 
 def normalized(text: str) -> str:
     """Lowercase words (and CJK runs) joined by single spaces, with a space at each end."""
-    return " " + " ".join(_NOT_WORD.sub(" ", text.lower()).split()) + " "
+    low = text.lower()
+    if low.isascii():
+        flat = _NOT_WORD.sub(" ", low)
+    else:
+        flat = "".join(c if ("a" <= c <= "z" or "0" <= c <= "9" or is_cjk(c)) else " " for c in low)
+    return " " + " ".join(flat.split()) + " "
 
 
 def _yes(value: bool) -> str:
@@ -206,7 +212,7 @@ class Platforms:
         found: List[Tuple[str, str]] = []
         for name, phrases in self.names.items():
             for phrase in phrases:
-                inside = phrase.strip() in norm if _CJK.search(phrase) else phrase in norm
+                inside = phrase.strip() in norm if any(map(is_cjk, phrase)) else phrase in norm
                 if inside:
                     found.append((name, phrase.strip()))
                     break

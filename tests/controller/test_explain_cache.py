@@ -94,7 +94,7 @@ def test_the_cached_index_answers_exactly_like_a_fresh_one(env: Dict[str, str]) 
 def test_parts_that_do_not_fit_the_catalog_are_refused() -> None:
     cat, plats, parts = built()
     with pytest.raises(ValueError):
-        Index.from_parts(cat, plats.facts, {**parts, "tf": parts["tf"][:-1]})
+        Index.from_parts(cat, plats.facts, {**parts, "length": parts["length"][:-1]})
 
 
 def test_off_keeps_nothing_and_a_chosen_dir_is_used(env: Dict[str, str], tmp_path: Path) -> None:
