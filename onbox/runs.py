@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import signal
@@ -32,6 +33,9 @@ from onbox import strays
 from onbox.custody import manifest
 from onbox.errors import OnboxError
 from onbox.fsutil import write_atomic, write_json_atomic
+from onbox.sources import slurm
+
+log = logging.getLogger(__name__)
 
 PROC = Path("/proc")
 _TAIL_BYTES = 16 << 10
@@ -452,6 +456,8 @@ class StopResult:
     signal: Optional[int] = None
     pgid: Optional[int] = None
     strays: int = 0              # the job's processes outside its group (torchrun ranks) also stopped
+    via: str = "signal"          # signal: SIGTERM to the group; "scancel JOB.STEP": through Slurm
+    nodes_marked: int = 0        # the other nodes of the Slurm step whose stop.json this stop wrote
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -476,13 +482,21 @@ def _signal_group(pgid: int, leader: Optional[ProcRef], signum: int,
 
 
 def stop_run(run_dir: Path, grace_s: float = 30.0, *, exit_wait_s: float = 10.0,
-             killpg: Callable[[int, int], None] = os.killpg) -> StopResult:
+             killpg: Callable[[int, int], None] = os.killpg,
+             scancel: Optional[Callable[[slurm.SlurmJob], bool]] = None) -> StopResult:
     """SIGTERM the job's process group, wait `grace_s`, then SIGKILL what is left.
 
     stop.json is written first, so the exit is explained. Only the process group of the job this
     run recorded (pid + start time) is ever signalled; never the sidecar, its supervisor, or a
     process that merely reuses a recorded pid. Returns once the wrapper has recorded the exit
     (or `exit_wait_s` after the group is gone).
+
+    A run launched in a Slurm step (run.json's "scheduler" names the job and step) is stopped
+    through Slurm: stop.json goes first into this node's run and into every other node stream of
+    the same step under this root (so no node reads the SIGTERM as a preemption), then `scancel
+    JOB.STEP` ends the step on every node at once: the step only, never the job, so what the batch
+    script does after srun (copying checkpoints off node-local disk) still runs. The SIGKILL after
+    `grace_s` stays this node's own. Without scancel, or when it fails, the group is signalled here.
     """
     paths = RunPaths(Path(run_dir))
     status = run_status(paths.run_dir)
@@ -494,11 +508,16 @@ def stop_run(run_dir: Path, grace_s: float = 30.0, *, exit_wait_s: float = 10.0,
     if leader is not None and leader.recycled():
         result.outcome, result.detail = "refused", f"pid {leader.pid} now belongs to another process"
         return result
-    write_json_atomic(paths.stop_json, {"requested_at": utc_iso(), "grace_s": grace_s,
-                                        "by_pid": os.getpid(), "pgid": pgid, "attempt": job.attempt,
-                                        "escalated": False})
+    _write_stop(paths, job, grace_s)
     result.pgid = pgid
-    sent = _signal_group(pgid, leader, signal.SIGTERM, killpg)
+    step = slurm.from_record((read_json(paths.run_json) or {}).get("scheduler"))
+    sent = False
+    if step is not None and step.step_id is not None:
+        result.nodes_marked = _mark_step_nodes(paths, step, grace_s)
+        if (scancel or slurm.scancel_step)(step):
+            result.via, sent = f"scancel {step.job_id}.{step.step_id}", True
+    if not sent:
+        sent = _signal_group(pgid, leader, signal.SIGTERM, killpg)
     gone = wait_for(lambda: not group_members(pgid), grace_s, 0.1) if sent else True
     result.outcome = "stopped"
     if not gone and _signal_group(pgid, leader, signal.SIGKILL, killpg):
@@ -515,6 +534,43 @@ def stop_run(run_dir: Path, grace_s: float = 30.0, *, exit_wait_s: float = 10.0,
         result.signal = sig if isinstance(sig, int) else None
     result.detail = run_status(paths.run_dir).label
     return result
+
+
+def _write_stop(paths: RunPaths, job: JobRecord, grace_s: float) -> None:
+    write_json_atomic(paths.stop_json, {"requested_at": utc_iso(), "grace_s": grace_s,
+                                        "by_pid": os.getpid(), "pgid": job.pgid, "attempt": job.attempt,
+                                        "escalated": False})
+
+
+def _mark_step_nodes(paths: RunPaths, step: slurm.SlurmJob, grace_s: float) -> int:
+    """Write stop.json into the other running node streams of this Slurm step (siblings of this run
+    dir whose run.json names the same group, job and step); how many."""
+    group = (read_json(paths.run_json) or {}).get("group")
+    if not isinstance(group, str) or not group:
+        return 0
+    marked = 0
+    try:
+        siblings = sorted(paths.run_dir.parent.glob(f"{group}.*"))
+    except OSError:
+        return 0
+    for d in siblings:
+        other = RunPaths(d)
+        if d == paths.run_dir or not other.run_json.is_file():
+            continue
+        meta = read_json(other.run_json) or {}
+        theirs = slurm.from_record(meta.get("scheduler"))
+        if meta.get("group") != group or theirs is None or \
+                (theirs.job_id, theirs.step_id) != (step.job_id, step.step_id):
+            continue
+        job = JobRecord.read(other)
+        if job is None or job.pgid is None or run_status(d).state not in ("running", "stopping"):
+            continue
+        try:
+            _write_stop(other, job, grace_s)
+            marked += 1
+        except OSError as e:
+            log.warning("could not mark %s stopped: %s", d, e)
+    return marked
 
 
 def _stop_strays(run_dir: Path, grace_s: float) -> int:
@@ -536,7 +592,8 @@ def render_stop(result: StopResult, as_json: bool, out: IO[str]) -> None:
         return
     verbs = {"stopped": "stopped", "killed": "killed after the grace period", "not_running": "not running",
              "refused": "not stopped"}
-    out.write(f"run {result.run_id}: {verbs.get(result.outcome, result.outcome)} ({result.detail})\n")
+    via = f", through {result.via}" if result.via != "signal" else ""
+    out.write(f"run {result.run_id}: {verbs.get(result.outcome, result.outcome)} ({result.detail}){via}\n")
 
 
 __all__ = ["JobRecord", "ProcRef", "RunError", "RunPaths", "RunStatus", "StopResult", "boot_id",

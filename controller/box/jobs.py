@@ -23,7 +23,7 @@ from controller.box.handle import Box, BoxError
 from controller.box.ssh import LocalShell, Ssh, SshError
 from controller.output import error_tail, last_json_object
 from controller.paths import LOCAL
-from controller.runs import life
+from controller.runs import groups, life
 from controller.store.db import AmbiguousRun, RunNotFound, Store
 
 Shell = Union[Ssh, LocalShell]
@@ -203,6 +203,8 @@ def stop(store: Store, run: str, grace: str = "30s", by: str = "rgt stop") -> Di
     then "stopped by request", never a preemption or a crash. A run whose job exit is stored records
     nothing; one "lost" (its sidecar stopped, no exit stored) does: its job may still run."""
     info = store.run(run)
+    if groups.is_group(info):
+        return _stop_group(store, str(info["run"]), grace, by)
     if not info["target"] or not info["run_dir"]:
         raise BoxError(f"run {info['run']} was not launched through rgt: no host or run directory known",
                        hint="stop it on the box with 'rgt-onbox stop RUN_DIR'")
@@ -223,3 +225,17 @@ def stop(store: Store, run: str, grace: str = "30s", by: str = "rgt stop") -> Di
             "by": by, "request_id": asked.id, "outcome": str(answer.get("outcome") or ""),
             "exit": out.returncode})
     return {**answer, "run": info["run"], "host": host, "exit": out.returncode}
+
+
+def _stop_group(store: Store, group: str, grace: str, by: str) -> Dict[str, Any]:
+    """Stop every node stream of a multi-node run, one after the other. Under Slurm the first one
+    already ends them all (`rgt-onbox stop` marks every node stopped, then scancel's the step),
+    and the others answer "not running"; each node's exit is then "stopped by request"."""
+    found = groups.members(store, group)
+    if not found:
+        raise BoxError(f"run {group} has no node streams tracked yet",
+                       hint=f"track them first: rgt track HOST {group}")
+    nodes = [{"node": m.get("node"), **stop(store, str(m["run"]), grace, by)} for m in found]
+    outcomes = sorted({str(n.get("outcome") or "") for n in nodes})
+    return {"run": group, "outcome": ", ".join(o for o in outcomes if o) or "unknown", "nodes": nodes,
+            "exit": max(int(n["exit"]) for n in nodes)}

@@ -168,10 +168,27 @@ _TEMPLATES: Dict[str, Template] = {
                                    if d.get("source") == "controller"
                                    else "sidecar part {part} is failing: {error}"),
     "deadman.fired": "the dead-man lease expired and its safe action ran",
-    "job.preempted": lambda d: "the job was told to stop by someone else than rgt (preemption), " + (
-        "grace {grace_s} before SIGKILL" if d.get("grace_s") is not None else "grace unknown"),
+    "job.preempted": lambda d: _preempted(d),
     "job.rank_failed": "node {node} exited ({how}) while {waiting} still wait on it",
 }
+
+
+_PREEMPT_HEADS = {
+    "time_limit": "Slurm's time limit: the job was told to stop as its --time runs out (not a crash)",
+    "requeued": "Slurm requeued the job: it will run again and resume from its newest checkpoint",
+    "cancelled": "the job was cancelled through Slurm (scancel), not by rgt",
+    "preempted": "Slurm preempted the job for another one",
+}
+
+
+def _preempted(d: Mapping[str, Any]) -> str:
+    reason = d.get("reason")
+    head = _PREEMPT_HEADS.get(reason, "") if isinstance(reason, str) else ""
+    head = head or "the job was told to stop by someone else than rgt (preemption)"
+    if d.get("grace_s") is None:
+        return head + ", grace unknown"
+    source = " (Slurm's)" if d.get("grace_from") == "slurm" else ""
+    return head + ", grace {grace_s} before SIGKILL" + source
 
 
 def cut(text: str) -> str:
@@ -206,6 +223,9 @@ def explain(event: AnyEvent, job_started_at: Optional[float] = None,
             took = _took(event, job_started_at)
             if life is not None and life.state == life_mod.STOPPED:
                 text = f"the job was stopped by request ({life.stopped_by}) and ended with {_how(d)}{took}"
+            elif life is not None and life.state == life_mod.PREEMPTED and \
+                    any(life.reason == line for _, line in life_mod.SCHEDULER_ENDS.values()):
+                text = f"the job ended with {_how(d)}{took}: {life.reason}"
             elif life is not None and life.state == life_mod.PREEMPTED and not d.get("preempted"):
                 text = (f"the job ended with {_how(d)}{took} and no stop was asked for: a preemption "
                         "(a SIGTERM nobody asked rgt for)")

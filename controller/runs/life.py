@@ -10,7 +10,9 @@ group verdict all read, so they never tell one run's ending two ways.
     stopped    it ended after a stop rgt was asked for (`rgt stop`, a queue cancel): by request,
                whatever the exit code (143, the SIGTERM itself, or 0 after saving)
     preempted  a SIGTERM nobody asked rgt for: job.preempted, job.exited preempted, or a 143 /
-               SIGTERM exit with no stop request
+               SIGTERM exit with no stop request; under Slurm the sidecar says why (the event's
+               `reason`, the exit's `preempt_reason`), and `outcome` is then time_limit, requeued,
+               cancelled or preempted, each told in its own words
     vanished   the job disappeared without an exit record (the box rebooted under it, ...)
     lost       the sidecar said it stopped and no job exit is stored: nothing more will arrive
 
@@ -24,7 +26,7 @@ only events after the newest job.started count.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import protocol
 
@@ -39,6 +41,17 @@ SIGTERM = 15
 SIGTERM_CODES = (143, -SIGTERM)   # a shell's 128+15, and Python's returncode for the signal
 STOP_KIND = "run.stop_requested"  # the laptop's own record of a stop it asked the box for
 STOP_ANSWER_KIND = "run.stop_answered"   # the box's answer to it: "not_running" voids the request
+
+
+# Why a scheduler ended the job (onbox/sources/slurm.py's reasons): the outcome and its line.
+SCHEDULER_ENDS: Dict[str, Tuple[str, str]] = {
+    "time_limit": ("time_limit", "Slurm's time limit: the job was told to stop as its --time ran out, "
+                                 "not a crash; resume it in a new job with more --time"),
+    "requeued": ("requeued", "requeued by Slurm (scontrol requeue or a requeueing preemption): the job "
+                             "runs again and resumes from its newest checkpoint"),
+    "cancelled": ("cancelled", "cancelled through Slurm (scancel), not by rgt"),
+    "preempted": ("preempted", "preempted by Slurm for another job"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,12 +88,14 @@ def _is_sigterm(data: Mapping[str, Any]) -> bool:
 
 
 def exit_life(data: Mapping[str, Any], *, evidence: Optional[Mapping[str, Any]] = None,
-              stopped_by: Optional[str] = None, preempted: bool = False, nonfinite: bool = False) -> Life:
+              stopped_by: Optional[str] = None, preempted: bool = False, nonfinite: bool = False,
+              preempt_reason: Optional[str] = None) -> Life:
     """How a job.exited (its data) ends the run.
 
     stopped_by: the laptop recorded a stop request before this exit (the box's own
     stop_requested flag counts as "rgt stop" when the laptop has no record). preempted:
     a job.preempted came before it. nonfinite: a train.nonfinite onset came before it.
+    preempt_reason: that job.preempted's `reason` (the exit's own `preempt_reason` counts too).
     """
     ev = dict(evidence or {})
     reasons = [str(r) for r in data.get("final_reasons") or [] if isinstance(r, str)]
@@ -95,6 +110,10 @@ def exit_life(data: Mapping[str, Any], *, evidence: Optional[Mapping[str, Any]] 
     if data.get("oom_killed"):
         return Life(FAILED, "oom", "the job was killed for memory (OOM)", ev)
     if preempted or data.get("preempted") is True:
+        why = preempt_reason or data.get("preempt_reason")
+        if isinstance(why, str) and why in SCHEDULER_ENDS:
+            outcome, line = SCHEDULER_ENDS[why]
+            return Life(PREEMPTED, outcome, line, ev)
         return Life(PREEMPTED, "preempted", "preempted: a SIGTERM nobody asked rgt for (job.preempted)", ev)
     if code == 0 and data.get("final_ok") is not False:
         return Life(FINISHED, "ok", "the job exited 0 and the final checks held", ev)
@@ -148,8 +167,10 @@ def of_exit(store: Store, run: str, end: protocol.Event) -> Life:
     evidence: Dict[str, Any] = {"kind": end.kind, "seq": end.seq, "ts": end.ts}
     if request is not None:
         evidence["stop_request"] = {"id": request.id, "ts": request.ts}
+    reason = before[-1].data.get("reason") if before else None
     return exit_life(end.data, evidence=evidence, stopped_by=stopped_by(request),
-                     preempted=bool(before), nonfinite=bool(nan))
+                     preempted=bool(before), nonfinite=bool(nan),
+                     preempt_reason=reason if isinstance(reason, str) else None)
 
 
 def of_run(store: Store, run: str) -> Life:
@@ -171,6 +192,6 @@ def of_run(store: Store, run: str) -> Life:
     return Life(LAUNCHED, "launched", "nothing from the box is stored yet", {})
 
 
-__all__ = ["ENDED", "FAILED", "FINISHED", "LAUNCHED", "LOST", "Life", "PREEMPTED", "RUNNING", "STATES",
-           "STOPPED", "STOP_ANSWER_KIND", "STOP_KIND", "VANISHED", "exit_life", "of_exit", "of_run",
-           "stop_events", "stop_request", "stopped_by"]
+__all__ = ["ENDED", "FAILED", "FINISHED", "LAUNCHED", "LOST", "Life", "PREEMPTED", "RUNNING",
+           "SCHEDULER_ENDS", "STATES", "STOPPED", "STOP_ANSWER_KIND", "STOP_KIND", "VANISHED", "exit_life",
+           "of_exit", "of_run", "stop_events", "stop_request", "stopped_by"]

@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import click
 from protocol import PACKAGE_VERSION
@@ -67,6 +67,9 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--synthetic-rate", "synthetic_rate", type=click.FloatRange(min=0), default=0.0, hidden=True)
 @click.option("--synthetic-delay", "synthetic_delay", type=click.FloatRange(min=0), default=0.0, hidden=True)
 @click.option("--journal-rotate-bytes", type=click.IntRange(min=4096), default=16 << 20, hidden=True)
+@click.option("--finish-on-term", is_flag=True,
+              help="A first SIGTERM/SIGINT stops once the job's exit is journaled, a second at once "
+                   "(`launch --wait` sets it: a scheduler ending a step signals every process).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.pass_context
@@ -74,7 +77,8 @@ def serve(ctx: click.Context, run_dir: Path, run_id: str, host: str, job_pid: Op
           gpu: str, watch_paths: Tuple[Path, ...], gpu_interval_s: float, no_kmsg: bool,
           heartbeat_s: float,
           tcp: Optional[str], curve_dir: Optional[Path], synthetic_count: int,
-          synthetic_rate: float, synthetic_delay: float, journal_rotate_bytes: int, log_level: str) -> None:
+          synthetic_rate: float, synthetic_delay: float, journal_rotate_bytes: int, finish_on_term: bool,
+          log_level: str) -> None:
     """Journal and publish this run's events until SIGTERM/SIGINT.
 
     Events go to <run-dir>/rgt/events.jsonl and out over unix sockets in a 0700
@@ -99,7 +103,7 @@ def serve(ctx: click.Context, run_dir: Path, run_id: str, host: str, job_pid: Op
             journal_rotate_bytes=journal_rotate_bytes))
     except OnboxError as e:
         raise _fail(str(e), code=2) from None
-    _install_signals(sidecar.stop)
+    _install_signals(_first_finishes(sidecar.finish, sidecar.stop) if finish_on_term else sidecar.stop)
     try:
         sidecar.start()
     except (OnboxError, JournalError) as e:
@@ -397,6 +401,17 @@ def follow(ctx: click.Context, run_dir: Path, node: Optional[str], wait_start: s
     if result.wrapper_pid is not None and not result.reported:
         click.echo(f"warning: the job in {target} ended without its exit journaled; see rgt/sidecar.log",
                    err=True)
+
+
+def _first_finishes(finish: Callable[[], None], stop: Callable[[], None]) -> Callable[[], None]:
+    """A stop callback that calls `finish` the first time and `stop` after."""
+    calls: List[int] = []
+
+    def on_signal() -> None:
+        calls.append(1)
+        (finish if len(calls) == 1 else stop)()
+
+    return on_signal
 
 
 def _install_signals(stop: Any) -> None:

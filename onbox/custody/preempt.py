@@ -11,6 +11,11 @@ written (a custody sweep hashes a checkpoint saved in the grace window, and each
 is fsync'd), then journals `job.preempted` at warn, which the journal fsyncs at once together
 with every line before it. A marker keeps a restarted sidecar from reporting it twice.
 
+Under Slurm (run.json's "scheduler", onbox/sources/slurm.py) the watch asks scontrol why the job
+is being ended (requeued, cancelled, time_limit, preempted, signalled) and how long until SIGKILL;
+the event then carries `reason`, Slurm's `grace_s` (`grace_from` "slurm", else "profile") and
+`scheduler`, and the marker keeps the reason for the job.exited that follows (`reason()`).
+
 A silent pause (vast.ai outbids an instance and freezes it, no signal) cannot be seen from the
 box; the controller reports it as the link and the heartbeats going away (link.lost,
 sidecar.silent).
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from onbox.runs import read_json, utc_iso, write_json_atomic
+from onbox.sources import slurm
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +67,22 @@ class PreemptWatch:
     name = "preempt"
     interval_s = 0.2
 
-    def __init__(self, rgt_dir: Path, emit: Emit, flush: Callable[[float], Any]) -> None:
+    def __init__(self, rgt_dir: Path, emit: Emit, flush: Callable[[float], Any],
+                 scheduler: Optional[slurm.SlurmJob] = None,
+                 ask_slurm: Callable[[slurm.SlurmJob], Optional[Dict[str, Any]]] = slurm.why_stopped) -> None:
         self.rgt_dir = Path(rgt_dir)
         self._emit = emit
         self._flush = flush
+        self._scheduler = scheduler
+        self._ask_slurm = ask_slurm
+        marker = read_json(self.rgt_dir / REPORTED_FILE)
         self._done = (self.rgt_dir / REPORTED_FILE).exists()
+        known = marker.get("reason") if isinstance(marker, dict) else None
+        self._reason: Optional[str] = known if known in slurm.REASONS else None
+
+    def reason(self) -> Optional[str]:
+        """Why the scheduler ended this attempt (slurm.REASONS), once job.preempted said so."""
+        return self._reason
 
     def run(self) -> None:
         if self._done:
@@ -79,15 +96,37 @@ class PreemptWatch:
         except Exception:  # the report matters more than the flush
             log.exception("flushing before job.preempted failed")
         grace = doc.get("grace_s")
-        data = {"signal": doc.get("signal"), "at": doc.get("at"), "pid": doc.get("pid"),
-                "grace_s": grace, "by": "a SIGTERM rgt did not send (spot reclaim, scheduler, eviction)"}
+        data: Dict[str, Any] = {
+            "signal": doc.get("signal"), "at": doc.get("at"), "pid": doc.get("pid"), "grace_s": grace,
+            "grace_from": "profile" if grace is not None else None,
+            "by": "a SIGTERM rgt did not send (spot reclaim, scheduler, eviction)"}
+        data.update(self._slurm_view())
+        self._reason = data.get("reason")
         self._emit("job.preempted", data, "warn")
         try:
             fd = os.open(self.rgt_dir / REPORTED_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.write(fd, (json.dumps({"at": doc.get("at")}) + "\n").encode())
+            os.write(fd, (json.dumps({"at": doc.get("at"), "reason": self._reason}) + "\n").encode())
             os.close(fd)
         except OSError as e:
             log.warning("could not write %s: %s", REPORTED_FILE, e)
+
+
+    def _slurm_view(self) -> Dict[str, Any]:
+        if self._scheduler is None:
+            return {}
+        try:
+            seen = self._ask_slurm(self._scheduler)
+        except Exception:  # scontrol's answer is a detail; the event is what matters
+            log.exception("asking Slurm why the job is ending failed")
+            seen = None
+        if not seen:
+            return {"scheduler": self._scheduler.to_dict()}
+        out: Dict[str, Any] = {"reason": seen["reason"], "by": seen["by"],
+                               "scheduler": {**self._scheduler.to_dict(), "state": seen["state"],
+                                             "restarts": seen["restarts"], "end_time": seen["end_time"]}}
+        if seen.get("grace_s") is not None:
+            out.update(grace_s=seen["grace_s"], grace_from="slurm")
+        return out
 
 
 __all__ = ["PREEMPT_FILE", "PreemptWatch", "preemption", "record_preemption"]

@@ -86,6 +86,7 @@ from onbox.runs import (
     write_atomic,
     write_json_atomic,
 )
+from onbox.sources import slurm
 
 if TYPE_CHECKING:
     from onbox.launch.wait import Forwarder
@@ -119,6 +120,9 @@ class LaunchOptions:
     sidecar: bool = True
     sidecar_linger_s: float = 300.0
     serve_args: Sequence[str] = ()         # extra `rgt-onbox serve` options (tests: --heartbeat 1)
+    # `--wait` (a scheduler's step): a SIGTERM to every process of the step lets the supervisor and
+    # the sidecar stay until the job's exit is journaled (onbox/launch/supervise.py).
+    finish_on_term: bool = False
     watch: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # run.json "watch" (settings.py)
     # The box's dead-man lease (onbox/deadman/lease.py): armed for this TTL by the launch, None leaves it
     # as it is (the CLI's default is 2 h; a library caller opts in).
@@ -346,6 +350,11 @@ def _job_env(plan: _Plan, environ: Mapping[str, str], resume: Optional[Path]) ->
     return env
 
 
+def _scheduler(env: Mapping[str, str]) -> Optional[Dict[str, Any]]:
+    job = slurm.from_env(env)
+    return job.to_dict() if job else None
+
+
 def _run_json(plan: _Plan, opts: LaunchOptions, display: List[str], env: Mapping[str, str], attempt: int,
               resume: Optional[Path], preflight: str, interp: Interpreter,
               taken: Optional[resumeimport.Taken] = None) -> str:
@@ -367,6 +376,8 @@ def _run_json(plan: _Plan, opts: LaunchOptions, display: List[str], env: Mapping
         "profile_applied": plan.profile_record, "secrets": sorted(plan.secret_env),  # names only
         "package_version": PACKAGE_VERSION,
         "group": plan.group, "node": plan.node, "nodes": plan.nodes,
+        # The scheduler's job this attempt runs in (Slurm: ids only), for the preemption reason and stop.
+        "scheduler": _scheduler(env),
         # Only the lease settings this launch asked for; the lease itself is ~/.rgt/deadman.json.
         "deadman": None if opts.deadman_ttl_s is None else {
             "ttl_s": opts.deadman_ttl_s, "idle_s": opts.deadman_idle_s, "max_hours": opts.deadman_max_hours},
@@ -437,7 +448,8 @@ def _start_job(plan: _Plan, spec: Dict[str, Any], environ: Mapping[str, str],
 def _start_supervisor(plan: _Plan, opts: LaunchOptions, wrapper_pid: int, environ: Mapping[str, str],
                       python: str) -> Tuple[Optional[int], List[str]]:
     argv = [python, "-m", "onbox.launch.supervise", "sidecar", "--run-dir", str(plan.paths.run_dir),
-            "--pid", str(wrapper_pid), "--linger", f"{opts.sidecar_linger_s:g}", "--",
+            "--pid", str(wrapper_pid), "--linger", f"{opts.sidecar_linger_s:g}",
+            *(["--finish-on-term"] if opts.finish_on_term else []), "--",
             "--gpu", opts.probe, *opts.serve_args]
     with open(plan.paths.supervisor_log, "ab") as log:
         proc = subprocess.Popen(argv, cwd=str(plan.paths.run_dir), env=_quiet_env(environ),
@@ -565,6 +577,7 @@ def run_launch(opts: LaunchOptions, as_json: bool, stdout: IO[str], stderr: IO[s
         return _launch_and_report(opts, as_json, stdout, stderr, None, **kwargs)
     from onbox.launch.wait import Forwarder
 
+    opts = dataclasses.replace(opts, finish_on_term=True)
     with Forwarder() as forwarder:  # before the launch: a stop that comes at once still reaches the job
         return _launch_and_report(opts, as_json, stdout, stderr, forwarder, **kwargs)
 

@@ -26,6 +26,11 @@ while the job has not been reported is started again after a backoff of 0.5 s do
   itself exits after that report;
 - when the job is gone and no report came within `--report-timeout` (default 120 s);
 - on SIGTERM/SIGINT (the launcher does this before a relaunch), stopping its sidecar first.
+  With `--finish-on-term` (what `rgt-onbox launch --wait` asks for: under a scheduler such as
+  Slurm, ending a step signals every process of it, the supervisor and the sidecar included) the
+  first one, while the job's exit is not reported yet, only drops the linger: the supervisor ends
+  once the sidecar has journaled the exit (the sidecar, started with the same option, stays for
+  it too); a second one stops now.
 
 Neither process ever signals anything but its own child: the supervisor only its sidecar, the wrapper
 only its job's group (and only when told to through its own SIGTERM/SIGINT). Standard library only.
@@ -205,9 +210,11 @@ class Supervisor:
     """Keeps one sidecar running for a job; see the module doc for when it ends."""
 
     def __init__(self, run_dir: Path, job_pid: int, serve_args: Sequence[str] = (), *,
-                 linger_s: float = 300.0, report_timeout_s: float = 120.0,
+                 linger_s: float = 300.0, report_timeout_s: float = 120.0, finish_on_term: bool = False,
                  python: str = sys.executable, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.paths = RunPaths(run_dir)
+        self.finish_on_term = finish_on_term
+        self.finishing = False
         self.job_pid = job_pid
         self.serve_args = list(serve_args)
         self.linger_s = linger_s
@@ -235,6 +242,17 @@ class Supervisor:
     def stop(self) -> None:
         self._stop.set()
 
+    def on_signal(self, signum: int) -> None:
+        """SIGTERM/SIGINT: stop; with finish_on_term, the first one before the exit is reported
+        only drops the linger (see the module doc)."""
+        if self.finish_on_term and not self.finishing and self.reported_at is None:
+            self.finishing = True
+            self.linger_s = 0.0
+            log.info("signal %d: the step is ending; stopping once the job's exit is journaled", signum)
+            return
+        log.info("signal %d: stopping", signum)
+        self.stop()
+
     def _reported(self) -> bool:
         doc = read_json(self.paths.exit_reported)
         return doc is not None and doc.get("pid") == self.job_pid
@@ -251,7 +269,8 @@ class Supervisor:
 
     def _start_sidecar(self) -> None:
         argv = [self.python, "-m", "onbox.cli", "serve", "--run-dir", str(self.paths.run_dir),
-                "--pid", str(self.job_pid), *self.serve_args]
+                "--pid", str(self.job_pid), *(["--finish-on-term"] if self.finish_on_term else []),
+                *self.serve_args]
         with open(self.paths.sidecar_log, "ab") as out:
             try:
                 self.proc = subprocess.Popen(argv, cwd=str(self.paths.run_dir), stdin=subprocess.DEVNULL,
@@ -345,11 +364,10 @@ def supervise_main(args: argparse.Namespace) -> int:
     _renice_self()
     serve_args = [a for a in args.serve_args if a != "--"]
     sup = Supervisor(Path(args.run_dir), args.pid, serve_args, linger_s=args.linger,
-                     report_timeout_s=args.report_timeout)
+                     report_timeout_s=args.report_timeout, finish_on_term=args.finish_on_term)
 
     def on_stop(signum: int, _frame: Any) -> None:
-        log.info("signal %d: stopping", signum)
-        sup.stop()
+        sup.on_signal(signum)
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
@@ -367,6 +385,8 @@ def _parser() -> argparse.ArgumentParser:
     sup.add_argument("--pid", type=int, required=True, help="the job wrapper's pid")
     sup.add_argument("--linger", type=float, default=300.0)
     sup.add_argument("--report-timeout", type=float, default=120.0)
+    sup.add_argument("--finish-on-term", action="store_true",
+                     help="a first SIGTERM waits for the job's exit to be journaled (schedulers)")
     sup.add_argument("serve_args", nargs=argparse.REMAINDER)
     return parser
 

@@ -49,7 +49,7 @@ from onbox.monitors.training import TrainingMonitor
 from onbox.scheduler import FunctionJob, PeriodicJob, Scheduler
 from onbox.sidecar.journal import Journal
 from onbox.sidecar.transport import CurveServer, EventServer, socket_dir_for
-from onbox.sources import process
+from onbox.sources import process, slurm
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class Sidecar:
         self.rgt_dir = self.run_dir / "rgt"
         meta = _run_meta(self.run_dir)
         keep = ("id", "project", "profile", "started_at", "git_sha", "watch", "command", "cwd", "resume",
-                "resumes", "group", "node", "nodes")
+                "resumes", "group", "node", "nodes", "scheduler")
         self.meta: Dict[str, Any] = {k: meta[k] for k in keep if k in meta}
         self.run_id = _checked_id(config.run_id or str(meta.get("id") or self.run_dir.name), "run id")
         host = config.host or str(meta.get("host") or os.uname().nodename.split(".")[0])
@@ -113,6 +113,7 @@ class Sidecar:
         self.server = EventServer(sock_dir=sock_dir, tcp=config.tcp, curve=config.curve)
         self._emit_lock = threading.Lock()
         self._stop = threading.Event()
+        self._finishing = False   # finish(): stop once job.exited is journaled
         self._lock_fd = -1
         self._threads: List[threading.Thread] = []
         self._scheduler: Optional[Scheduler] = None
@@ -133,7 +134,8 @@ class Sidecar:
         self.custody = CustodyMonitor(custody_config(self.run_dir, watch, config.job_pid), self.emit,
                                       on_commit=self.training.note_checkpoint)
         self.deadman = DeadmanFeed(self.rgt_dir, self.emit)
-        self.preempt = PreemptWatch(self.rgt_dir, self.emit, self._flush_custody)
+        self.preempt = PreemptWatch(self.rgt_dir, self.emit, self._flush_custody,
+                                    scheduler=slurm.from_record(meta.get("scheduler")))
 
     # ---- life -------------------------------------------------------------
 
@@ -177,6 +179,16 @@ class Sidecar:
     def stop(self) -> None:
         self._stop.set()
 
+    def finish(self) -> None:
+        """Stop once the job's exit is journaled (now, when it is, or when there is no job): a
+        scheduler ending a step signals every process of it, and the exit is what matters most."""
+        reported = (self.rgt_dir / "job.exit_reported").exists()
+        if self.config.job_pid is None or reported:
+            self.stop()
+            return
+        self._finishing = True
+        log.info("the step is ending: stopping once the job's exit is journaled")
+
     def close(self) -> None:
         self._stop.set()
         if self._scheduler is not None:
@@ -214,6 +226,8 @@ class Sidecar:
             published = self.journal.append(kind, data, sev)
             for _, frame in published:
                 self.server.publish(frame)
+        if kind == "job.exited" and self._finishing:
+            self._stop.set()
         return next(ev for ev, _ in published if ev.kind == kind)
 
     def _publish_all(self, published: List[Tuple[Event, bytes]]) -> None:
@@ -360,6 +374,8 @@ class Sidecar:
             names = ", ".join(map(str, nonfinite))
             reasons.append(f"training ended with non-finite {names} (train.nonfinite)")
         data.update(final_ok=not reasons, final_reasons=reasons)
+        if data.get("preempted") and self.preempt.reason():
+            data["preempt_reason"] = self.preempt.reason()   # time_limit, requeued, ...
         write_json_atomic(self.rgt_dir / "final.json", {"ok": not reasons, "code": code, "reasons": reasons})
         return data, ("info" if not reasons else "warn") if sev in (None, "info") else sev
 

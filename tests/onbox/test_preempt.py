@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional, Tuple
 
 from onbox.custody.preempt import PREEMPT_FILE, PreemptWatch, preemption, record_preemption
-from onbox.runs import read_json
+from onbox.runs import ProcRef, read_json
 from onbox.sidecar.journal import read_all
 from tests.helpers import REPO, wait_until
 from tests.onbox.test_launch import WAIT_GO, Rig, py
@@ -131,3 +131,24 @@ def test_a_stop_before_the_wrappers_pid_is_known_reaches_it_once_known() -> None
             child.wait()
         assert child.stdin is not None
         child.stdin.close()
+
+
+def test_a_sigterm_to_every_process_of_a_step_still_journals_the_exit(rig: Rig) -> None:
+    """What Slurm does when it ends a step (scancel, requeue, the time limit): SIGTERM to every
+    process in it, the supervisor and the sidecar too. `launch --wait` starts them with
+    --finish-on-term, so they stay until the job's exit is journaled (the 300 s linger dropped)."""
+    result = rig.launch(py(WAIT_GO), finish_on_term=True, sidecar_linger_s=300)
+    rgt = result.run_dir / "rgt"
+    wait_until(lambda: "job.started" in kinds(result.run_dir), 20, "job.started")
+    sup = wait_until(lambda: ProcRef.from_dict(read_json(rgt / "supervisor.json")), 20, "the supervisor")
+    sidecar = wait_until(lambda: ProcRef.from_dict((read_json(rgt / "supervisor.json") or {}).get("sidecar")),
+                         20, "the sidecar")
+    job = wait_until(lambda: (read_json(rgt / "job.json") or {}).get("job"), 20, "the job")
+    for pid in (sidecar.pid, sup.pid, result.pid, job["pid"]):   # the order proctrack may use
+        os.kill(pid, signal.SIGTERM)
+    doc = rig.finished(result.run_dir, timeout_s=60)
+    assert doc["preempted"] is True
+    names = kinds(result.run_dir)
+    assert names.index("job.preempted") < names.index("job.exited") < names.index("sidecar.stopping"), names
+    log = (rgt / "supervisor.log").read_text() if (rgt / "supervisor.log").exists() else ""
+    assert "stopping once the job's exit is journaled" in log or "step is ending" in log

@@ -20,6 +20,7 @@ from onbox.runs import (
     list_runs,
     newest_checkpoint_of,
     render_ps,
+    render_stop,
     resolve_run,
     run_status,
     stop_run,
@@ -206,3 +207,50 @@ def test_newest_checkpoint_prefers_the_manifest_and_sums_a_directory(tmp_path: P
     manifest.append(run_dir, manifest.Record("checkpoints/step1.pt", 10, "0" * 64, st.st_mtime_ns,
                                              st.st_ino, 1, "torch", 1.0))
     assert newest_checkpoint_of(run_dir) == (ckpts / "step1.pt", 10)
+
+
+def slurm_run(root: Path, name: str, node: str, job: ProcRef, step: Dict[str, Any]) -> Path:
+    run_dir = make_run(root, f"p/{name}.{node}", job=job)
+    meta = json.loads((run_dir / "run.json").read_text())
+    meta.update(group=name, node=node, scheduler=step)
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    return run_dir
+
+
+def test_a_slurm_step_is_stopped_through_scancel_with_every_node_marked_first(
+        tmp_path: Path, sleepers: List[subprocess.Popen]) -> None:
+    step = {"name": "slurm", "job_id": "41", "step_id": "0", "restart_count": 0}
+    procs = [start(sleepers) for _ in range(4)]
+    root = tmp_path / "root"
+    mine = slurm_run(root, "train-41", "n0", procs[0][1], step)
+    other = slurm_run(root, "train-41", "n1", procs[1][1], step)
+    elsewhere = slurm_run(root, "train-41", "n2", procs[2][1], {**step, "step_id": "1"})   # another step
+    stranger = make_run(root, "p/train-41x", job=procs[3][1])
+    asked: List[Any] = []
+
+    def scancel(job: Any) -> bool:   # Slurm ends the step: SIGTERM to every node's job
+        asked.append(job)
+        for p, _ in procs[:2]:
+            p.terminate()
+        return True
+
+    result = stop_run(mine, 5.0, scancel=scancel)
+    assert [(j.job_id, j.step_id) for j in asked] == [("41", "0")]
+    assert (result.outcome, result.via, result.nodes_marked) == ("stopped", "scancel 41.0", 1)
+    for d in (mine, other):
+        assert json.loads((d / "rgt" / "stop.json").read_text())["grace_s"] == 5.0
+    assert not (elsewhere / "rgt" / "stop.json").exists() and not (stranger / "rgt" / "stop.json").exists()
+    assert procs[2][0].poll() is None and procs[3][0].poll() is None
+    out = io.StringIO()
+    render_stop(result, False, out)
+    assert "through scancel 41.0" in out.getvalue()
+
+
+def test_a_failed_scancel_falls_back_to_the_signal(tmp_path: Path, sleepers: List[subprocess.Popen]) -> None:
+    _, ref = start(sleepers)
+    run_dir = slurm_run(tmp_path / "root", "train-42", "n0", ref,
+                        {"name": "slurm", "job_id": "42", "step_id": "0", "restart_count": 0})
+    sent: List[Tuple[int, int]] = []
+    result = stop_run(run_dir, 0.2, exit_wait_s=0.1, killpg=lambda pgid, sig: sent.append((pgid, sig)),
+                      scancel=lambda _job: False)
+    assert result.via == "signal" and sent[0] == (ref.pid, signal.SIGTERM)
