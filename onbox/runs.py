@@ -494,9 +494,10 @@ def stop_run(run_dir: Path, grace_s: float = 30.0, *, exit_wait_s: float = 10.0,
     A run launched in a Slurm step (run.json's "scheduler" names the job and step) is stopped
     through Slurm: stop.json goes first into this node's run and into every other node stream of
     the same step under this root (so no node reads the SIGTERM as a preemption), then `scancel
-    JOB.STEP` ends the step on every node at once: the step only, never the job, so what the batch
-    script does after srun (copying checkpoints off node-local disk) still runs. The SIGKILL after
-    `grace_s` stays this node's own. Without scancel, or when it fails, the group is signalled here.
+    --signal=TERM JOB.STEP` signals the step on every node at once: the step only, never the job,
+    so what the batch script does after srun (copying checkpoints off node-local disk) still runs.
+    The SIGKILL after `grace_s` stays this node's own. Without scancel, or when it fails, the group
+    is signalled here.
     """
     paths = RunPaths(Path(run_dir))
     status = run_status(paths.run_dir)
@@ -515,7 +516,7 @@ def stop_run(run_dir: Path, grace_s: float = 30.0, *, exit_wait_s: float = 10.0,
     if step is not None and step.step_id is not None:
         result.nodes_marked = _mark_step_nodes(paths, step, grace_s)
         if (scancel or slurm.scancel_step)(step):
-            result.via, sent = f"scancel {step.job_id}.{step.step_id}", True
+            result.via, sent = f"scancel --signal=TERM {step.job_id}.{step.step_id}", True
     if not sent:
         sent = _signal_group(pgid, leader, signal.SIGTERM, killpg)
     gone = wait_for(lambda: not group_members(pgid), grace_s, 0.1) if sent else True

@@ -19,7 +19,7 @@ from controller.box.handle import Box
 from controller.box.ssh import SshError
 from controller.cli.base import JSON_OPTION, CliError, RgtCommand, emit_json
 from controller.output import error_tail
-from controller.runs import groups
+from controller.runs import groups, life
 from controller.store.db import Store
 
 
@@ -91,9 +91,12 @@ def track(store: Store, host: str, run: str, *, root: Optional[str] = None,
         store.upsert_run(s.run, host="", target=host, run_dir=s.run_dir)
         if s.node:
             store.set_lineage(s.run, group_run=run, node=s.node)
-        pid = follow(store, s.run) if watch else None
+        # The box runs a stream whose stored life has ended: a new attempt under the same id (a
+        # Slurm requeue ran the script again), which the follow waits for, its past notwithstanding.
+        again = s.state == "running" and s.run in before and life.of_run(store, s.run).ended
+        pid = follow(store, s.run, launched=again) if watch else None
         rows.append({"run": s.run, "node": s.node or None, "run_dir": s.run_dir, "state": s.state,
-                     "new": s.run not in before, "watcher_pid": pid})
+                     "new": s.run not in before, "new_attempt": again, "watcher_pid": pid})
     return {"run": run, "host": host, "group": not plain, "streams": rows}
 
 

@@ -135,9 +135,16 @@ def run_job(run_dir: Path, spec: Dict[str, Any]) -> int:
     grace = spec.get("preempt_grace_s")
     grace_s = float(grace) if isinstance(grace, (int, float)) and not isinstance(grace, bool) else None
 
+    recording: List[bool] = []   # a second signal inside the first's handler (Slurm signals twice)
+
     def forward(signum: int, _frame: Any) -> None:  # to the job's group, while it is ours to signal
         if running and running[0].returncode is None:
-            record_preemption(paths.rgt, signum, grace_s, running[0].pid)  # unless rgt asked (stop.json)
+            if not recording:
+                recording.append(True)
+                try:
+                    record_preemption(paths.rgt, signum, grace_s, running[0].pid)  # unless rgt asked
+                finally:
+                    recording.clear()
             try:
                 os.killpg(running[0].pid, signum)
             except OSError:

@@ -142,12 +142,14 @@ def kill_wait(run: Run = subprocess.run) -> Optional[float]:
 
 
 def scancel_step(job: SlurmJob, run: Run = subprocess.run) -> bool:
-    """`scancel JOB.STEP`: Slurm ends the step on every node (SIGTERM, SIGKILL after KillWait);
-    True when scancel took it. The job itself, and what its batch script does next, stay."""
+    """`scancel --signal=TERM JOB.STEP`: Slurm sends SIGTERM to every process of the step on every
+    node at once; True when scancel took it. (A bare `scancel JOB.STEP` SIGKILLs a step's processes
+    at once, measured on 22.05: no grace, no exit journaled.) The step then ends as its processes
+    exit; the job, and what its batch script does next, stay."""
     if job.step_id is None:
         return False
     try:
-        out = run(["scancel", f"{job.job_id}.{job.step_id}"], capture_output=True, text=True,
+        out = run(["scancel", "--signal=TERM", f"{job.job_id}.{job.step_id}"], capture_output=True, text=True,
                   timeout=TIMEOUT_S, check=False)
     except (OSError, subprocess.SubprocessError):
         return False

@@ -236,14 +236,14 @@ def test_a_slurm_step_is_stopped_through_scancel_with_every_node_marked_first(
 
     result = stop_run(mine, 5.0, scancel=scancel)
     assert [(j.job_id, j.step_id) for j in asked] == [("41", "0")]
-    assert (result.outcome, result.via, result.nodes_marked) == ("stopped", "scancel 41.0", 1)
+    assert (result.outcome, result.via, result.nodes_marked) == ("stopped", "scancel --signal=TERM 41.0", 1)
     for d in (mine, other):
         assert json.loads((d / "rgt" / "stop.json").read_text())["grace_s"] == 5.0
     assert not (elsewhere / "rgt" / "stop.json").exists() and not (stranger / "rgt" / "stop.json").exists()
     assert procs[2][0].poll() is None and procs[3][0].poll() is None
     out = io.StringIO()
     render_stop(result, False, out)
-    assert "through scancel 41.0" in out.getvalue()
+    assert "through scancel --signal=TERM 41.0" in out.getvalue()
 
 
 def test_a_failed_scancel_falls_back_to_the_signal(tmp_path: Path, sleepers: List[subprocess.Popen]) -> None:

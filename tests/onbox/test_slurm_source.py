@@ -122,7 +122,7 @@ def test_why_stopped_asks_scontrol_and_survives_its_failures() -> None:
 def test_scancel_ends_only_the_step() -> None:
     fake = FakeScontrol()
     assert slurm.scancel_step(slurm.SlurmJob("7", "0", 0), run=fake)
-    assert fake.calls == [["scancel", "7.0"]]
+    assert fake.calls == [["scancel", "--signal=TERM", "7.0"]]
     assert not slurm.scancel_step(slurm.SlurmJob("7", None, 0), run=fake)   # never the whole job
     assert not slurm.scancel_step(slurm.SlurmJob("7", "0", 0), run=FakeScontrol(rc=1))
 

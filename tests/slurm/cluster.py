@@ -125,14 +125,16 @@ class SlurmCluster:
 
     def __init__(self, root: Path, nodes: Iterable[str] = ("n1", "n2"), cpus: int = 2, gpus: int = 0,
                  partition: str = "debug", partition_options: str = "",
-                 extra_conf: Sequence[str] = ()) -> None:
+                 extra_conf: Sequence[str] = (), kill_wait: int = 2) -> None:
         """`cpus` and `gpus` are what each node says it has (slurm.conf's word is taken over the
         hardware's: SlurmdParameters=config_overrides), so a job written for a GPU node (a
         --gpus-per-node, a --cpus-per-task larger than this machine) runs unchanged. The GPUs are
         stand-ins: gres.conf names empty files under <root>/dev as their devices, so a job that asks for
         them gets CUDA_VISIBLE_DEVICES and no GPU. `partition_options` are added to the default
         partition's line (GraceTime=30), `extra_conf` lines to the end of slurm.conf (another
-        partition, say one with PriorityTier=2 whose jobs preempt the default one's)."""
+        partition, say one with PriorityTier=2 whose jobs preempt the default one's). `kill_wait`:
+        the seconds between Slurm's SIGTERM and SIGKILL when it ends a job (KillWait; 30 on a
+        real cluster, 2 here so teardown is quick)."""
         self.root = root
         self.nodes = list(nodes)
         self.cpus = cpus
@@ -140,6 +142,7 @@ class SlurmCluster:
         self.partition_options = partition_options
         self.extra_conf = list(extra_conf)
         self.partition = partition
+        self.kill_wait = kill_wait
         self.conf = root / "slurm.conf"
         self.munge_socket = root / "munge" / "munge.socket"
         self.host = socket.gethostname().split(".")[0]
@@ -202,7 +205,7 @@ class SlurmCluster:
             "SlurmctldTimeout=30",
             "MessageTimeout=20",
             "InactiveLimit=0",
-            "KillWait=2",
+            f"KillWait={self.kill_wait}",
             "MinJobAge=600",
             "JobRequeue=1",
             "PreemptType=preempt/partition_prio",

@@ -13,8 +13,12 @@ from typing import Iterator
 
 import pytest
 
+from tests.e2e.rgtbox import rgt_box, rgt_local
 from tests.helpers import wait_until
 from tests.slurm.cluster import SlurmCluster, slurm_skip_reason
+from tests.sshbox import sshbox
+
+__all__ = ["rgt_box", "rgt_local", "slurm", "slurm_cluster", "sshbox"]
 
 
 @pytest.fixture(scope="module")
