@@ -221,7 +221,7 @@ def _defaults(raw: Any, by_id: Mapping[str, Entry], entries: Tuple[Entry, ...]) 
 def _toml() -> Any:
     """tomllib, imported when a catalog is parsed (a cached index never parses one)."""
     if sys.version_info >= (3, 11):
-        import tomllib
+        import tomllib  # novermin: 3.11 only, tomli below it
     else:  # pragma: no cover - the controller runs on 3.10 only with tomli
         import tomli as tomllib
     return tomllib

@@ -12,6 +12,7 @@ import signal
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import protocol
+from protocol.ids import is_run_id
 
 from controller.render import huge_int_text, number, printable, seconds, size, summarize, text_of
 from controller.runs import life as life_mod
@@ -264,6 +265,12 @@ def next_command(event: AnyEvent, life: Optional[life_mod.Life] = None, host: Op
     run = quoted(event.run)
     box = host or (event.host if isinstance(event, protocol.Event) else "") or None
     preempted = event.data.get("preempted") or (life is not None and life.state == life_mod.PREEMPTED)
+    requeued = event.data.get("reason") == "requeued" or (life is not None and life.outcome == "requeued")
+    if requeued and (event.kind == "job.preempted" or event.kind == "job.exited"):
+        # Slurm runs it again under the same id: follow the next attempt (its nodes may differ).
+        group = event.data.get("group")
+        target = group if isinstance(group, str) and is_run_id(group) else event.run
+        return f"rgt track {quoted(box)} {quoted(target)}" if box else f"rgt status {run}"
     if event.kind == "job.preempted" or (event.kind == "job.exited" and preempted):
         return resume_command(event.run, box)
     if event.kind == "job.exited":

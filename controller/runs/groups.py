@@ -13,7 +13,10 @@ Two failures show only across nodes (a sidecar sees its own node's job only), so
                                in their next collective. A failed exit counts at once; a clean
                                exit once the others ran on for CLEAN_EXIT_GRACE_S. A node stopped
                                by request (controller.runs.life: `rgt stop` recorded it) never counts,
-                               nor one that ended after a stop was asked for another node.
+                               nor one that ended after a stop was asked for another node, nor
+                               one the scheduler ended for the whole job (a Slurm requeue,
+                               cancel, time limit or preemption: the exit's `preempt_reason`):
+                               the other nodes were told too, and end within the grace.
     job.stalled      warn      verdict "hung", scope "all nodes": every node's newest job.stalled
                                is open. Names the node whose progress stopped first (the oldest
                                last train.progress), which is where to look.
@@ -188,6 +191,14 @@ def _same_episode(recorded: Mapping[str, Any], starts: Mapping[str, int]) -> boo
     return all(starts.get(stream, seq) == seq for stream, seq in recorded.items())
 
 
+# Why a scheduler ended a job that holds for every node of it (onbox/sources/slurm.py's reasons).
+JOB_WIDE_ENDS = ("requeued", "cancelled", "time_limit", "preempted")
+
+
+def _ended_by_scheduler(exit_event: protocol.Event) -> bool:
+    return exit_event.data.get("preempt_reason") in JOB_WIDE_ENDS
+
+
 def rank_failed(nodes: Sequence[NodeView], recorded: Iterable[LocalEvent], now: float) -> Optional[Verdict]:
     """One node's job exited while others still run; at most one per episode (until a job restarts).
     A stop asked for through rgt is no failed rank: not the stopped node, nor one that ended after it."""
@@ -200,7 +211,7 @@ def rank_failed(nodes: Sequence[NodeView], recorded: Iterable[LocalEvent], now: 
     asked = [v.stop_ts for v in nodes if v.stop_ts is not None]
     first_stop = min(asked) if asked else None
     failed = [v for v in nodes if v.exit is not None and not v.stopped
-              and not (first_stop is not None and v.exit.ts >= first_stop)
+              and not (first_stop is not None and v.exit.ts >= first_stop) and not _ended_by_scheduler(v.exit)
               and (not clean_exit(v.exit) or now - v.exit.ts >= CLEAN_EXIT_GRACE_S)]
     if not waiting or not failed:
         return None

@@ -193,7 +193,8 @@ def _lifecycle(store: Store, st: _Run) -> None:
 
 
 def _start(store: Store, run: str, overrides: Mapping[str, Any], from_now: bool) -> _Run:
-    host = store.run(run).get("host")
+    info = store.run(run)
+    host = info.get("target") or info.get("host")   # the rgt host name (HOST in `rgt track HOST RUN`)
     st = _Run(run, policy_for(store, run, overrides), host=host if isinstance(host, str) and host else None)
     _lifecycle(store, st)
     for ev in store.local_events(run, kind_prefix="link."):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional
@@ -68,13 +69,15 @@ class PreemptWatch:
     interval_s = 0.2
 
     def __init__(self, rgt_dir: Path, emit: Emit, flush: Callable[[float], Any],
-                 scheduler: Optional[slurm.SlurmJob] = None,
+                 scheduler: Optional[slurm.SlurmJob] = None, group: Optional[str] = None,
                  ask_slurm: Callable[[slurm.SlurmJob], Optional[Dict[str, Any]]] = slurm.why_stopped) -> None:
         self.rgt_dir = Path(rgt_dir)
         self._emit = emit
         self._flush = flush
         self._scheduler = scheduler
+        self._group = group if isinstance(group, str) and group else None   # a multi-node run's id
         self._ask_slurm = ask_slurm
+        self._lock = threading.Lock()   # the scheduler's tick and the job's exit (report_now) both run it
         marker = read_json(self.rgt_dir / REPORTED_FILE)
         self._done = (self.rgt_dir / REPORTED_FILE).exists()
         known = marker.get("reason") if isinstance(marker, dict) else None
@@ -85,6 +88,15 @@ class PreemptWatch:
         return self._reason
 
     def run(self) -> None:
+        with self._lock:
+            self._run()
+
+    def report_now(self) -> None:
+        """Before job.exited: journal a pending job.preempted first (and learn its reason), so the
+        exit comes after it and carries `preempt_reason` however the two threads raced."""
+        self.run()
+
+    def _run(self) -> None:
         if self._done:
             return
         doc = preemption(self.rgt_dir)
@@ -101,6 +113,8 @@ class PreemptWatch:
             "grace_from": "profile" if grace is not None else None,
             "by": "a SIGTERM rgt did not send (spot reclaim, scheduler, eviction)"}
         data.update(self._slurm_view())
+        if self._group:
+            data["group"] = self._group   # what `rgt track` takes to follow a requeued run's next attempt
         self._reason = data.get("reason")
         self._emit("job.preempted", data, "warn")
         try:

@@ -135,7 +135,8 @@ class Sidecar:
                                       on_commit=self.training.note_checkpoint)
         self.deadman = DeadmanFeed(self.rgt_dir, self.emit)
         self.preempt = PreemptWatch(self.rgt_dir, self.emit, self._flush_custody,
-                                    scheduler=slurm.from_record(meta.get("scheduler")))
+                                    scheduler=slurm.from_record(meta.get("scheduler")),
+                                    group=meta.get("group"))
 
     # ---- life -------------------------------------------------------------
 
@@ -374,6 +375,8 @@ class Sidecar:
             names = ", ".join(map(str, nonfinite))
             reasons.append(f"training ended with non-finite {names} (train.nonfinite)")
         data.update(final_ok=not reasons, final_reasons=reasons)
+        if data.get("preempted"):
+            self.preempt.report_now()
         if data.get("preempted") and self.preempt.reason():
             data["preempt_reason"] = self.preempt.reason()   # time_limit, requeued, ...
         write_json_atomic(self.rgt_dir / "final.json", {"ok": not reasons, "code": code, "reasons": reasons})

@@ -120,6 +120,21 @@ def test_a_clean_exit_counts_only_once_the_others_ran_on_past_the_grace(box: Box
     assert [(e.data["node"], e.data["clean"], e.data["waiting"]) for e in late] == [("n0", True, ["n1"])]
 
 
+@pytest.mark.parametrize("reason", groups.JOB_WIDE_ENDS)
+def test_a_node_the_scheduler_ended_with_the_whole_job_is_no_failed_rank(box: Box, reason: str) -> None:
+    """Slurm's requeue, cancel, time limit or preemption signals every node; the first to exit
+    leaves the others ending a moment later, never waiting on it."""
+    box.start()
+    now = time.time()
+    box.add(N1, "job.preempted", "warn", at=now, reason=reason)
+    box.add(N1, "job.exited", "warn", at=now + 1, code=143, preempted=True, preempt_reason=reason)
+    assert groups.check(box.store, N1, now=now + groups.CLEAN_EXIT_GRACE_S + 1) == []
+    # a SIGTERM to one node that Slurm cannot explain (scancel --signal, a kill) still counts
+    box.start()
+    box.add(N1, "job.exited", "warn", code=143, preempted=True, preempt_reason="signalled")
+    assert [e.data["node"] for e in groups.check(box.store, N1)] == ["n1"]
+
+
 def test_no_rank_failed_when_nothing_waits_and_a_new_one_after_a_relaunch(box: Box) -> None:
     box.start()
     box.add(N0, "job.exited", "warn", code=0, final_ok=True)

@@ -70,3 +70,14 @@ def test_the_stored_run_takes_the_reason_of_its_attempts_preemption(store: Store
     assert life.of_run(store, RUN).outcome == "preempted"   # attempt 2: no reason of its own
     first = store.events(RUN, kind_prefix="job.exited")[0]
     assert life.of_exit(store, RUN, first).outcome == "requeued"
+
+
+def test_a_requeue_says_to_track_the_next_attempt_not_to_resume_elsewhere() -> None:
+    from controller.runs.explain import next_command
+
+    requeued = ev(5, "job.preempted", "warn", reason="requeued", group="train-81")
+    assert next_command(requeued, host="login") == "rgt track login train-81"
+    assert next_command(ev(5, "job.preempted", "warn", reason="requeued", group="$(x)"), host="login") == \
+        f"rgt track login {RUN}"
+    plain = ev(5, "job.preempted", "warn", reason="time_limit")
+    assert next_command(plain, host="login").startswith(f"rgt pull {RUN}")

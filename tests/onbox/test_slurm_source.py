@@ -136,12 +136,14 @@ def test_the_watch_reports_slurms_reason_and_grace_and_keeps_the_reason(tmp_path
     seen = {"reason": "time_limit", "by": "Slurm's time limit", "grace_s": 40.0, "state": "RUNNING",
             "restarts": 0, "end_time": "2026-12-04T04:21:39"}
     job = slurm.SlurmJob("7", "0", 0)
-    watch = PreemptWatch(tmp_path, emit, lambda _t: None, scheduler=job, ask_slurm=lambda _j: seen)
+    watch = PreemptWatch(tmp_path, emit, lambda _t: None, scheduler=job, group="train-7",
+                         ask_slurm=lambda _j: seen)
     record_preemption(tmp_path, signal.SIGTERM, 30.0, 77)   # 30: the profile's default grace
     watch.run()
     (kind, data), = calls
-    assert kind == "job.preempted" and (data["reason"], data["grace_s"], data["grace_from"]) == (
-        "time_limit", 40.0, "slurm")
+    assert kind == "job.preempted"
+    assert (data["reason"], data["grace_s"], data["grace_from"], data["group"]) == (
+        "time_limit", 40.0, "slurm", "train-7")
     assert data["scheduler"] == {**job.to_dict(), "state": "RUNNING", "restarts": 0,
                                  "end_time": "2026-12-04T04:21:39"}
     assert watch.reason() == "time_limit"

@@ -32,6 +32,15 @@ SLURM_NODE_SHAPE = {**NODE_SHAPE, "kill_wait": KILL_WAIT}
 STEPS = ["--steps", "100000", "--step-seconds", "0.05", "--log-every", "5", "--ckpt-every", "100000"]
 
 
+def followed(rgt: Rgt, run: str) -> None:
+    """`rgt track` of the run, and both node streams' job.started stored: the daemon is connected to
+    each sidecar before the test makes a job end (a test sidecar lingers 0 s after the exit)."""
+    track(rgt, run)
+    with Store.open() as store:
+        wait_until(lambda: all(store.events(f"{run}.{n}", kind_prefix="job.started") for n in NODES), 60,
+                   "both node streams followed")
+
+
 def node_states(rgt: Rgt, run: str) -> Dict[str, Any]:
     return dict(json.loads(rgt("status", run, "--json").stdout))
 
@@ -49,7 +58,7 @@ def test_a_requeue_is_a_preemption_with_slurms_grace_and_the_run_resumes_then_rg
     job = TrainJob(slurm, tmp_path, run, rgt_local.root, {n: {"args": args} for n in NODES})
     job_id = job.submit("--requeue")
     job.wait_sidecars()
-    track(rgt_local, run)
+    followed(rgt_local, run)
     # Both nodes have a hashed checkpoint before the requeue.
     before = {n: wait_until(lambda d=job.stream_dir(n): manifest.newest_good(d), 60,
                             f"{n}'s first checkpoint\n{job.output()}") for n in NODES}
@@ -97,6 +106,7 @@ def test_a_requeue_is_a_preemption_with_slurms_grace_and_the_run_resumes_then_rg
         woke.append(watch(rgt_local, run))
     told = [w for w in woke if w["code"] == 10]
     assert told and all(w["entry"] == "slurm-requeued" for w in told), woke
+    assert told[0]["next"] == f"rgt track local {run}", told[0]
     assert woke[-1]["code"] == 0, woke
     info = slurm.wait_job(job_id, tuple(FINISHED), 60)
     states = node_states(rgt_local, run)
@@ -112,7 +122,7 @@ def test_the_time_limit_is_its_own_ending_not_a_crash(slurm: SlurmCluster, rgt_l
     job = TrainJob(slurm, tmp_path, run, rgt_local.root, {n: {"args": STEPS} for n in NODES})
     job_id = job.submit("--time=1", "--signal=TERM@58")
     job.wait_sidecars()
-    track(rgt_local, run)
+    followed(rgt_local, run)
     for node in NODES:
         pre = job.wait_event(node, "job.preempted", timeout_s=90)[0]["data"]
         assert pre["reason"] == "time_limit" and pre["grace_from"] == "slurm", pre
@@ -137,7 +147,7 @@ def test_a_failed_rank_wakes_rank_failed_while_real_srun_waits_on_the_other(
     job = TrainJob(slurm, tmp_path, run, rgt_local.root, jobs)
     job_id = job.submit()
     job.wait_sidecars()
-    track(rgt_local, run)
+    followed(rgt_local, run)
     stop.write_text("")
     found = wait_until(lambda: verdicts(run, "job.rank_failed"), 60, f"job.rank_failed\n{job.output()}")
     assert (found[0]["node"], found[0]["code"], found[0]["waiting"]) == ("n1", 1, ["n0"])
@@ -158,7 +168,7 @@ def test_every_rank_hung_is_the_groups_hung_verdict_naming_the_first(
                    launch_args=f"{LAUNCH_ARGS} --stall-floor 2 --stall-grace 10")
     job.submit()
     job.wait_sidecars()
-    track(rgt_local, run)
+    followed(rgt_local, run)
     for node, at in (("n1", 40), ("n0", 200)):
         wait_until(lambda d=job.stream_dir(node), a=at: last_step(d) >= a - 5, 120,
                    f"{node}'s job to reach its hang at step {at}\n{job.output()}")
