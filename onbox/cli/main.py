@@ -67,6 +67,9 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--synthetic-rate", "synthetic_rate", type=click.FloatRange(min=0), default=0.0, hidden=True)
 @click.option("--synthetic-delay", "synthetic_delay", type=click.FloatRange(min=0), default=0.0, hidden=True)
 @click.option("--journal-rotate-bytes", type=click.IntRange(min=4096), default=16 << 20, hidden=True)
+@click.option("--stacks-budget", "stacks_budget_s", type=click.FloatRange(min=1, max=600), default=8.0,
+              show_default=True, metavar="SECONDS",
+              help="The longest a stall's onset waits for the job's Python stacks (py-spy).")
 @click.option("--finish-on-term", is_flag=True,
               help="A first SIGTERM/SIGINT stops once the job's exit is journaled, a second at once "
                    "(`launch --wait` sets it: a scheduler ending a step signals every process).")
@@ -77,8 +80,8 @@ def serve(ctx: click.Context, run_dir: Path, run_id: str, host: str, job_pid: Op
           gpu: str, watch_paths: Tuple[Path, ...], gpu_interval_s: float, no_kmsg: bool,
           heartbeat_s: float,
           tcp: Optional[str], curve_dir: Optional[Path], synthetic_count: int,
-          synthetic_rate: float, synthetic_delay: float, journal_rotate_bytes: int, finish_on_term: bool,
-          log_level: str) -> None:
+          synthetic_rate: float, synthetic_delay: float, journal_rotate_bytes: int, stacks_budget_s: float,
+          finish_on_term: bool, log_level: str) -> None:
     """Journal and publish this run's events until SIGTERM/SIGINT.
 
     Events go to <run-dir>/rgt/events.jsonl and out over unix sockets in a 0700
@@ -100,7 +103,7 @@ def serve(ctx: click.Context, run_dir: Path, run_id: str, host: str, job_pid: Op
             kmsg=not no_kmsg,
             synthetic_count=synthetic_count,
             synthetic_rate_hz=synthetic_rate, synthetic_delay_s=synthetic_delay,
-            journal_rotate_bytes=journal_rotate_bytes))
+            journal_rotate_bytes=journal_rotate_bytes, stacks_budget_s=stacks_budget_s))
     except OnboxError as e:
         raise _fail(str(e), code=2) from None
     _install_signals(_first_finishes(sidecar.finish, sidecar.stop) if finish_on_term else sidecar.stop)

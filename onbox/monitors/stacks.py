@@ -3,22 +3,25 @@
 Capture (`StackCapture`): every Python process of the job's tree (each torchrun rank; the rank from
 RANK / LOCAL_RANK in /proc/PID/environ, else the order among the launcher's children) is dumped with
 ``py-spy dump --json --native`` (py-spy from the venv's bin next to sys.executable, else PATH), all
-at once, each bounded by `per_process_s`. A process in state T cannot be suspended by py-spy: it
-is read with ``--nonblocking`` (it is stopped anyway). Where the box refuses ptrace, py-spy exits 1
-at once with "Permission Denied: Try running again with elevated permissions": then the faulthandler
-route: the integrations register `faulthandler` on a signal and write a hint line
-``{"v":1,"kind":"faulthandler","pid":PID,"signal":N,"path":FILE}`` to <run>/rgt/hints.jsonl; the
-capture sends that signal (only to a pid that registered it: any other pid would die of it) and
-reads what the handler appended to FILE.
+at once, within the budget. Native unwinding reads the symbols of libtorch first (1.2 s for a CPU
+rank here quiet, 2.8 s beside six busy loops on two cores): a native dump that fails or runs out of
+time is followed by a plain ``--nonblocking`` one (10 ms, no ptrace), kept in reserve
+(`PLAIN_RESERVE_S`) at the end of the budget, so that a slow box still names every rank's Python
+frames; the stack then says why its native frames are missing. A process in state T cannot be
+suspended by py-spy: it is read with ``--nonblocking`` (it is stopped anyway). Where the box refuses
+ptrace, py-spy exits 1 at once with "Permission Denied: Try running again with elevated
+permissions": then the faulthandler route: the integrations register `faulthandler` on a signal and
+write a hint line ``{"v":1,"kind":"faulthandler","pid":PID,"signal":N,"path":FILE}`` to
+<run>/rgt/hints.jsonl; the capture sends that signal (only to a pid that registered it: any other
+pid would die of it) and reads what the handler appended to FILE.
 
 The emit-path hook (`StallStacks`), used by the sidecar's `emit`: a `job.stalled` onset is held
-while a worker thread captures (bounded by `budget_s`, ~8 s), then emitted once with ``stacks``
-(compact, within the event size cap) and, when the stacks show it, the verdict "hung in a collective
-on rank R". Held rather than followed by a second event because `rgt watch` wakes on the onset: the
-wake that reaches the person must already carry the stacks. A `job.progressing` or `job.exited`
-arriving meanwhile waits for the held onset (bounded) so the order stays onset, then clear/exit.
-It also merges the two stall sources (detectors/hang.py `StallMerge`).
-"""
+while a worker thread captures (bounded by `budget_s`: 8 s, `rgt-onbox serve --stacks-budget`), then
+emitted once with ``stacks`` (compact, within the event size cap) and, when the stacks show it, the
+verdict "hung in a collective on rank R". Held rather than followed by a second event because `rgt
+watch` wakes on the onset: the wake that reaches the person must already carry the stacks. A
+`job.progressing` or `job.exited` arriving meanwhile waits for the held onset (bounded) so the order
+stays onset, then clear/exit. It also merges the two stall sources (detectors/hang.py `StallMerge`)."""
 from __future__ import annotations
 
 import logging
@@ -46,8 +49,8 @@ from onbox.sources import process
 
 log = logging.getLogger(__name__)
 
-PER_PROCESS_S = 5.0
 BUDGET_S = 8.0
+PLAIN_RESERVE_S = 1.0    # of the budget, left for the plain dump after a native one that ran out
 MAX_PROCESSES = 16
 MAX_STACKS_BYTES = 40_000   # of protocol's 64 KiB per event: room for the rest of job.stalled
 PERMISSION = "Permission Denied"
@@ -86,7 +89,7 @@ def faulthandler_hints(run_dir: Path) -> Dict[int, Tuple[int, str]]:
 class StackCapture:
     """Stacks of the Python processes under a pid; see the module doc. OS calls are injectable."""
 
-    def __init__(self, run_dir: Path, *, py_spy: Optional[str] = None, per_process_s: float = PER_PROCESS_S,
+    def __init__(self, run_dir: Path, *, py_spy: Optional[str] = None, per_process_s: Optional[float] = None,
                  views: Optional[process.ProcessView] = None, kill: Callable[[int, int], None] = os.kill,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.run_dir = Path(run_dir)
@@ -148,22 +151,35 @@ class StackCapture:
         if started is None:
             return None, None, None if self.py_spy is None else "py-spy could not start"
         proc, source = started
-        timeout = max(0.1, min(self.per_process_s, deadline - self._mono()))
+        native = "--native" in proc.args
+        room = deadline - self._mono() - (PLAIN_RESERVE_S if native else 0.0)
+        timeout = max(0.1, room if self.per_process_s is None else min(self.per_process_s, room))
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            return None, source, f"py-spy took over {timeout:.1f} s"
+            return self._plain_after(pid, native, deadline, f"py-spy --native took over {timeout:.1f} s")
         text = err.decode("utf-8", "replace").strip()
         if proc.returncode != 0:
-            if "--native" in proc.args and PERMISSION not in text and self._mono() < deadline:
-                return self._finish(pid, self._retry_plain(pid), deadline)  # unwinding failed
-            return None, source, (text.splitlines()[0] if text else f"py-spy exited {proc.returncode}")[:300]
+            why = (text.splitlines()[0] if text else f"py-spy exited {proc.returncode}")[:300]
+            if PERMISSION in text:
+                return None, source, why
+            return self._plain_after(pid, native, deadline, why)  # native unwinding failed
         try:
             return parse_pyspy_json(out.decode("utf-8", "replace")), source, None
         except ValueError as e:
             return None, source, f"py-spy output unreadable: {e}"[:300]
+
+    def _plain_after(self, pid: int, native: bool, deadline: float, why: str
+                     ) -> Tuple[Optional[List[ThreadStack]], Optional[str], Optional[str]]:
+        """After a native dump that failed: the plain one, its stack saying why it has no native frames."""
+        if not native:
+            return None, "py-spy --nonblocking", why
+        threads, source, error = self._finish(pid, self._retry_plain(pid), deadline)
+        if threads is None:
+            return None, source, f"{why}; then {error}"[:300]
+        return threads, source, f"no native frames: {why}"[:300]
 
     def _retry_plain(self, pid: int) -> Optional[Tuple[Any, str]]:
         started = self._start(pid, True)

@@ -44,6 +44,7 @@ from onbox.errors import AlreadyServing, ConfigError
 from onbox.fsutil import write_json_atomic
 from onbox.launch.settings import custody_config, load_watch, training_config
 from onbox.monitors.health import HealthMonitor, MonitorConfig
+from onbox.monitors.stacks import BUDGET_S as STACKS_BUDGET_S
 from onbox.monitors.stacks import StackCapture, StallStacks
 from onbox.monitors.training import TrainingMonitor
 from onbox.scheduler import FunctionJob, PeriodicJob, Scheduler
@@ -69,6 +70,7 @@ class SidecarConfig:
     watch_paths: Sequence[Path] = ()  # filesystems to watch besides the run dir's
     kmsg: bool = True                 # read Xids from /dev/kmsg too, when readable
     stacks: bool = True               # a job.stalled carries the job's Python stacks (monitors/stacks)
+    stacks_budget_s: float = STACKS_BUDGET_S  # the longest a job.stalled onset is held for them
     watch: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # over run.json's "watch"
     synthetic_count: int = 0          # tests and benchmarks: emit until last_seq reaches it
     synthetic_rate_hz: float = 0.0    # 0 = as fast as possible
@@ -127,7 +129,8 @@ class Sidecar:
                           watch_paths=tuple(config.watch_paths), kmsg=config.kmsg),
             self.emit)
         self.stalls = StallStacks(config.job_pid, self._emit_now,
-                                  StackCapture(self.run_dir) if config.stacks else None)
+                                  StackCapture(self.run_dir) if config.stacks else None,
+                                  budget_s=config.stacks_budget_s)
         watch = load_watch(self.run_dir, config.watch)
         self.training = TrainingMonitor(training_config(self.run_dir, watch, config.job_pid), self.emit,
                                         gpu_util=self.monitor.recent_gpu_util)

@@ -165,7 +165,7 @@ def test_a_torchrun_rank_that_hangs_is_named_from_the_stacks(ddp_hang: subproces
     assert found["verdict"] == "hung in a collective on rank 1", found
     # the sidecar's path: a job.stalled onset goes out once, with the stacks, within the budget
     rec = Recorder()
-    stalls = StallStacks(ddp_hang.pid, rec, cap)
+    stalls = StallStacks(ddp_hang.pid, rec, cap, budget_s=120)  # room for native dumps under any load
     began = time.monotonic()
     assert stalls.route("job.stalled", {"state": "onset", "verdict": "unknown"}, "warn") is False
     ev = rec.wait_for("job.stalled")[0]
@@ -175,6 +175,34 @@ def test_a_torchrun_rank_that_hangs_is_named_from_the_stacks(ddp_hang: subproces
     assert {s["rank"] for s in ev["stacks"] if s["rank"] is not None} == {0, 1}
     assert len(json.dumps(ev)) < MAX_EVENT_BYTES
     print(f"stall verdict -> stacks captured: {took:.2f} s (capture {ev['stacks_s']} s)")
+
+
+# A py-spy whose native dump never ends (a box too loaded to read libtorch's symbols in time) and
+# whose plain one answers with the stack it was given.
+SLOW_NATIVE_PY_SPY = """#!/bin/sh
+case " $* " in *" --native "*) exec sleep 3600 ;; esac
+cat "$(dirname "$0")/plain.json"
+"""
+
+
+def test_a_native_dump_that_runs_out_of_time_leaves_the_plain_frames_and_says_why(tmp_path: Path) -> None:
+    fake = tmp_path / "py-spy"
+    fake.write_text(SLOW_NATIVE_PY_SPY)
+    fake.chmod(0o755)
+    shutil.copy(DATA / "ddp_rank1_native.json", tmp_path / "plain.json")
+    job = subprocess.Popen([sys.executable, "-c", "import threading\nthreading.Event().wait()"])
+    try:
+        began = time.monotonic()
+        [s] = StackCapture(tmp_path, py_spy=str(fake)).capture(job.pid, budget_s=3.0)
+        took = time.monotonic() - began
+    finally:
+        job.kill()
+        job.wait(30)
+    assert s.source == "py-spy --nonblocking" and s.threads, s
+    assert s.error is not None and s.error.startswith("no native frames: py-spy --native took over 2.0 s"), s
+    assert took < 3.0 + 1.0, took   # the budget holds: the plain dump came out of its reserve
+    [doc] = compact([s])
+    assert doc["error"] == s.error and doc["threads"]
 
 
 FAULTHANDLER_JOB = """
