@@ -440,6 +440,12 @@ def _add_pull_commands() -> None:
     main.add_command(close_command)
 
 
+def _add_journal_command() -> None:
+    from onbox.cli.journal import journal_command
+
+    main.add_command(journal_command)
+
+
 def _add_deadman_commands() -> None:
     from onbox.cli.deadman import deadman_group
 
@@ -447,6 +453,7 @@ def _add_deadman_commands() -> None:
 
 
 _add_pull_commands()
+_add_journal_command()
 _add_deadman_commands()
 
 

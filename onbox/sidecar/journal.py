@@ -382,31 +382,8 @@ class Journal:
 
     def _read_files(self, seq: int, limit: int, budget: List[int], out: List[bytes]) -> int:
         files = self._rotated() + [(self._first_seq_current or self._last_seq + 1, self.directory / CURRENT)]
-        start = 0
-        for i, (first, _) in enumerate(files):
-            if first <= seq + 1:
-                start = i
-        for _, path in files[start:]:
-            try:
-                f = open(path, "rb")
-            except FileNotFoundError:
-                continue
-            with f:
-                for line in f:
-                    if not line.endswith(b"\n"):
-                        break  # being written right now, or torn: memory has it
-                    line = line[:-1]
-                    s = _fast_seq(line)
-                    if s is None:
-                        self.bad_lines += 1
-                        continue
-                    if s <= seq:
-                        continue
-                    if len(out) >= limit or len(line) > budget[0]:
-                        return seq
-                    out.append(line)
-                    budget[0] -= len(line)
-                    seq = s
+        seq, bad, _ = _scan(files, seq, limit, budget, out)
+        self.bad_lines += bad
         return seq
 
     def close(self) -> None:
@@ -433,6 +410,80 @@ def _fast_seq(line: bytes) -> Optional[int]:
     if m and line.startswith(b'{"v":'):
         return int(m.group(1))
     return Journal._seq_of(line)
+
+
+def _scan(files: List[Tuple[int, Path]], seq: int, limit: int, budget: List[int],
+          out: List[bytes]) -> Tuple[int, int, bool]:
+    """Append to `out` the whole lines with seq > `seq` of `files` ((first seq, path), oldest
+    first), up to `limit` lines and `budget[0]` bytes; (the last seq taken, lines that were not
+    events, whether it stopped short)."""
+    start, bad = 0, 0
+    for i, (first, _) in enumerate(files):
+        if first <= seq + 1:
+            start = i
+    for _, path in files[start:]:
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            continue
+        with f:
+            for line in f:
+                if not line.endswith(b"\n"):
+                    break  # being written right now, or torn: memory has it
+                line = line[:-1]
+                s = _fast_seq(line)
+                if s is None:
+                    bad += 1
+                    continue
+                if s <= seq:
+                    continue
+                if len(out) >= limit or len(line) > budget[0]:
+                    return seq, bad, True
+                out.append(line)
+                budget[0] -= len(line)
+                seq = s
+    return seq, bad, False
+
+
+@dataclasses.dataclass
+class Page:
+    """What `read_page` found: journal lines as written, oldest first."""
+    lines: List[bytes]
+    last_seq: int         # the seq of the last line in `lines`, else the `since` asked for
+    more: bool            # cut by the limit or the byte budget: ask again from last_seq
+    bad_lines: int        # lines that are not events (skipped)
+
+
+def _first_seq_in(path: Path) -> Optional[int]:
+    """The seq of the first event line of `path`; None when it has none (or is missing)."""
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.endswith(b"\n"):
+                    seq = _fast_seq(line[:-1])
+                    if seq is not None:
+                        return seq
+    except FileNotFoundError:
+        pass
+    return None
+
+
+def read_page(directory: Path, since: int, limit: int = 1000, max_bytes: int = 4 << 20) -> Page:
+    """The journal's lines with seq > `since`, read from its files without opening it for writing
+    (the sidecar may be gone, or serving): `rgt-onbox journal`, which a controller asks when the
+    sidecar's sockets do not answer. A torn or half-written last line is left out."""
+    directory = Path(directory)
+    files: List[Tuple[int, Path]] = []
+    for p in directory.iterdir():
+        m = _ROTATED.match(p.name)
+        if m:
+            files.append((int(m.group(1)), p))
+    files.sort()
+    # the current file's own first seq; one with no event yet never decides where reading starts
+    files.append((_first_seq_in(directory / CURRENT) or 1 << 62, directory / CURRENT))
+    out: List[bytes] = []
+    last, bad, more = _scan(files, since, limit, [max_bytes], out)
+    return Page(out, last, more, bad)
 
 
 def read_all(directory: Path) -> List[Dict[str, Any]]:
