@@ -1,6 +1,7 @@
 """How a run's watcher reaches its sidecar: the run's own sockets (host `local`), or two unix-socket
 forwards on the host's shared SSH ControlMaster. controller.follow.watcher supervises a Link; a broken one
-says only that the transport is down, never that the job died.
+says only that the transport is down, never that the job died. A link also reads the run's journal
+through the box's shell when the sidecar does not answer (controller.follow.readback).
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from protocol.endpoints import Endpoints
 
 from controller import paths
 from controller import trust as boxtrust
+from controller.box.handle import Box, host_record
 from controller.box.ssh import Ssh, SshError, short_socket_path, ssh_config_file
+from controller.follow import readback
 from controller.store.db import Store
 
 log = logging.getLogger(__name__)
@@ -36,13 +39,28 @@ class Link(Protocol):
     def connect(self) -> Endpoints: ...
     def alive(self) -> bool: ...
     def close(self) -> None: ...
+    def read_journal(self, since: int) -> Any: ...
+
+
+def read_journal(box: Box, run_dir: str, since: int) -> Any:
+    """`rgt-onbox journal RUN_DIR --since SINCE --json` on the box: its answer, unchecked (the
+    caller checks it: controller.follow.readback); SshError when there is none."""
+    done, doc = box.run_onbox(["journal", run_dir, "--since", str(int(since)), "--json"],
+                              timeout_s=readback.TIMEOUT_S)
+    if done.returncode != 0 or doc is None:
+        said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise SshError(f"rgt-onbox journal on {box.name} exited {done.returncode}: "
+                       f"{(said[-1] if said else 'no answer')[:200]!r}")
+    return doc
 
 
 class LocalLink:
     """Host `local`: the run's sockets are on this machine already."""
 
-    def __init__(self, run_dir: str) -> None:
-        self.rgt_dir = Path(boxtrust.box_path(run_dir)) / "rgt"
+    def __init__(self, run_dir: str, box: Optional[Box] = None) -> None:
+        self.run_dir = boxtrust.box_path(run_dir)
+        self.rgt_dir = Path(self.run_dir) / "rgt"
+        self.box = box or Box(paths.LOCAL, {"name": paths.LOCAL, "ssh": "", "onbox": "", "installed": {}})
 
     def connect(self) -> Endpoints:
         try:
@@ -58,16 +76,21 @@ class LocalLink:
     def close(self) -> None:
         pass
 
+    def read_journal(self, since: int) -> Any:
+        return read_journal(self.box, self.run_dir, since)
+
 
 class SshLink:
     """An SSH host: the sidecar's two unix sockets forwarded onto the host's ControlMaster."""
 
-    def __init__(self, ssh: Ssh, run: str, run_dir: str, sock_dir: Path) -> None:
+    def __init__(self, ssh: Ssh, run: str, run_dir: str, sock_dir: Path, box: Optional[Box] = None) -> None:
         self.ssh = ssh
         self.run_dir = boxtrust.box_path(run_dir)
         name = boxtrust.run_id(run)
         for ext in ("pub", "ctl"):
             boxtrust.contained(sock_dir, f"{name}.{ext}")  # the socket stays in tunnels/ (or its hash does)
+        self.box = box or Box(ssh.alias, {"name": ssh.alias, "ssh": ssh.alias, "onbox": "", "installed": {}},
+                              shell=ssh)
         self.local_pub = short_socket_path(sock_dir, f"{name}.pub")
         self.local_ctl = short_socket_path(sock_dir, f"{name}.ctl")
         self._remote: Optional[Endpoints] = None
@@ -104,6 +127,10 @@ class SshLink:
             return self.ssh.master_pid() is not None
         return True
 
+    def read_journal(self, since: int) -> Any:
+        """The journal page, through this link's master (the sidecar's sockets need not answer)."""
+        return read_journal(self.box, self.run_dir, since)
+
     def close(self) -> None:
         """Drop this run's forwards. The shared master ends itself once idle (ssh.MASTER_IDLE_S)."""
         if self._remote is not None and self.alive():
@@ -135,12 +162,13 @@ def process_alive(pid: int) -> Optional[bool]:
 def make_link(store: Store, run: Dict[str, Any]) -> Link:
     target = str(run["target"])
     if target == paths.LOCAL:
-        return LocalLink(str(run["run_dir"]))
+        return LocalLink(str(run["run_dir"]), Box(paths.LOCAL, host_record(store, paths.LOCAL)))
     host = store.host(target)
     ssh = Ssh(str(host["ssh"]), control_dir=paths.state_dir() / "ssh", config_file=ssh_config_file(),
               alive_interval_s=int(os.environ.get("RGT_SSH_ALIVE_INTERVAL", "5")),
               alive_count=int(os.environ.get("RGT_SSH_ALIVE_COUNT", "3")))
-    return SshLink(ssh, str(run["run"]), str(run["run_dir"]), paths.state_dir() / "tunnels")
+    return SshLink(ssh, str(run["run"]), str(run["run_dir"]), paths.state_dir() / "tunnels",
+                   Box(target, host, shell=ssh))
 
 
 __all__ = ["FULL_CHECK_S", "Link", "LocalLink", "SshLink", "make_link", "process_alive"]

@@ -112,6 +112,7 @@ class Subscriber:
         self.caught_up = False
         self.stats = SubscriberStats()
         self._pending: Optional[_Pending] = None
+        self._asking_since = 0.0      # when the request now pending was first sent (resends keep it)
         self._unanswered = 0
         self._last_activity = 0.0
         # The box's dead-man lease is renewed while someone follows the run (None: never).
@@ -217,7 +218,19 @@ class Subscriber:
         # the full timeout; connects are asynchronous and usually finish in ms.
         sent = self.link.send(frames)
         wait = self.request_timeout_s if sent else min(self.request_timeout_s, 0.05)
+        if self._pending is None:
+            self._asking_since = now
         self._pending = _Pending(rid, op, now + wait)
+
+    def unanswered_s(self) -> float:
+        """How long the sidecar has left a request unanswered (resends included); 0 when none is
+        pending. A sidecar that ended leaves the first one unanswered for good."""
+        return 0.0 if self._pending is None else max(0.0, self._mono() - self._asking_since)
+
+    def level_with(self, cursor: int) -> None:
+        """The store holds every seq up to `cursor` (read back from the journal by the watcher):
+        what the sidecar sends at or below it later is not stored again."""
+        self.cursor = max(self.cursor, cursor)
 
     def _on_reply(self, frames: List[bytes]) -> None:
         try:
@@ -286,7 +299,7 @@ class Subscriber:
             host = boxtrust.text(reply.host, "host name", MAX_HOST_CHARS)
             boot_id = boxtrust.text(reply.boot_id, "boot id", MAX_VERSION_CHARS)
             package = boxtrust.text(reply.package_version, "package version", MAX_VERSION_CHARS)
-            bound = _stored_host(self.store, run)
+            bound = stored_host(self.store, run)
             if bound and host != bound:
                 raise boxtrust.Untrusted(f"run {run!r} was first seen on host {bound[:80]!r}; the sidecar "
                                          f"now says {host[:80]!r} (a run is bound to its box)")
@@ -380,7 +393,7 @@ class Subscriber:
         self.store.record_gap(self.run, first, last, reason)
 
 
-def _stored_host(store: Store, run: str) -> str:
+def stored_host(store: Store, run: str) -> str:
     """The host name the run was first seen on ("" when none is stored yet)."""
     try:
         info = store.run(run)

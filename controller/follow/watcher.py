@@ -25,6 +25,12 @@ of a new attempt under the same run id leaves a marker (watchers/RUN.launched) s
 watcher waits for that attempt. The run id names these files and the tunnel sockets, so it is
 checked (controller.trust) before any path is made of it, and the subscriber refuses a sidecar
 that answers for another run or host.
+
+A sidecar that leaves a request unanswered (it ended once its linger ran out while this laptop
+slept, or between its last event and our last request) leaves its journal on the box: after
+readback.READBACK_AFTER_S the watcher reads it back over the box's shell
+(controller.follow.readback), off the loop, until the store is level with it, so an exit
+journaled while nobody followed still ends the run here.
 """
 from __future__ import annotations
 
@@ -46,8 +52,9 @@ from controller import paths
 from controller import trust as boxtrust
 from controller.box.ssh import SshError
 from controller.box.transport import Hub
+from controller.follow import readback
 from controller.follow.link import Link, LocalLink, SshLink, make_link, process_alive
-from controller.follow.subscriber import Subscriber, SubscriberError
+from controller.follow.subscriber import Subscriber, SubscriberError, stored_host
 from controller.runs import groups, life
 from controller.store.db import Store, StoreError
 
@@ -186,6 +193,10 @@ class Watcher:
         self._group: Optional[str] = None        # its multi-node group; "" when it has none
         self._group_due = False                  # a job event arrived since the last check
         self._group_next: Optional[float] = None
+        self._readback: Optional[Future[Any]] = None
+        self._readback_since = 0                   # the cursor the pending read-back asked from
+        self._readback_next = 0.0
+        self._readback_level = False               # the store was level with the journal read back
         self._lock = threading.Lock()
 
     # called from the subscriber thread
@@ -214,7 +225,7 @@ class Watcher:
         else once nothing came for EXIT_SETTLE_S, and EXIT_SETTLE_MAX_S after the exit at the
         latest. A sidecar that stops while the job may live ends nothing."""
         with self._lock:
-            if not sub.caught_up:
+            if not (sub.caught_up or (self._readback_level and sub.unanswered_s() > 0)):
                 return False
             if self._catch_up:
                 return True
@@ -295,6 +306,7 @@ class Watcher:
             self.sub.start()
         if self.sub is None:
             return False
+        self._read_back(store)
         if self._renew_off and not self._catching_up():   # it came back to life: renew
             self._renew_off, self.sub.renew_every_s = False, renew_every_s()
         self._exit_from_store(store)
@@ -378,6 +390,64 @@ class Watcher:
             self._connect_failed(store, e)
             return None
         return self._connected(store, endpoints)
+
+    def _read_back(self, store: Store) -> None:
+        """While the sidecar leaves a request unanswered (it ended, or does not serve yet), read the
+        journal back over the box's shell (see the module doc), off the loop when there is a pool;
+        a page is applied here, on the loop's thread, as the subscriber's events are."""
+        assert self.sub is not None
+        if self._readback is not None:
+            if not self._readback.done():
+                return
+            pending, self._readback = self._readback, None
+            try:
+                self._apply_page(store, pending.result())
+            except (SshError, OSError, subprocess.TimeoutExpired) as e:
+                self._readback_next = self._mono() + readback.READBACK_EVERY_S
+                log.info("run %s: reading the journal back failed: %s", self.run, e)
+            return
+        unanswered = self.sub.unanswered_s()
+        if unanswered == 0:
+            with self._lock:
+                self._readback_level = False        # it answers: its own replies say what is new
+            return
+        if unanswered < readback.READBACK_AFTER_S or self._mono() < self._readback_next:
+            return
+        self._readback_since = store.cursor(self.run)
+        if self.connects is not None:
+            self._readback = self.connects.submit(self.link.read_journal, self._readback_since)
+            return
+        try:
+            self._apply_page(store, self.link.read_journal(self._readback_since))
+        except (SshError, OSError, subprocess.TimeoutExpired) as e:
+            self._readback_next = self._mono() + readback.READBACK_EVERY_S
+            log.info("run %s: reading the journal back failed: %s", self.run, e)
+
+    def _apply_page(self, store: Store, doc: Any) -> None:
+        """Store what a page adds above the store's cursor now (the subscriber may have stored some
+        of it meanwhile); the cursor never goes back, and the subscriber skips what is stored."""
+        assert self.sub is not None
+        try:
+            page = readback.checked(doc, self.run, stored_host(store, self.run), self._readback_since)
+        except boxtrust.Untrusted as e:
+            self.failure = f"refused the journal read back from the box: {e}"
+            log.error("run %s: %s", self.run, self.failure)
+            return
+        more = page.more and bool(page.events)   # a `more` that brings nothing is not asked at once again
+        cursor = store.cursor(self.run)
+        page.events = [ev for ev in page.events if ev.seq > cursor]
+        for first, last in readback.gaps(page, cursor):
+            store.record_gap(self.run, first, last, readback.reason(page))
+        if page.events:
+            cursor = page.events[-1].seq
+            store.apply(self.run, page.events, cursor)
+            self.sub.level_with(cursor)
+            log.info("run %s: %d events read back from the journal (the sidecar does not answer)",
+                     self.run, len(page.events))
+            self.on_events(page.events)
+        with self._lock:
+            self._readback_level = not page.more
+        self._readback_next = self._mono() + (0.0 if more else readback.READBACK_EVERY_S)
 
     def _connect_failed(self, store: Store, e: BaseException) -> None:
         now = self._mono()   # a connect can take long (ssh's timeouts): count from its end

@@ -13,11 +13,12 @@ from typing import Iterator, List
 import pytest
 
 from controller.box.ssh import SshError
-from controller.follow import watcher
+from controller.follow import readback, watcher
 from controller.follow.client import follow, running_pid, stop_daemon
 from controller.follow.subscriber import Subscriber
 from controller.follow.watcher import LocalLink, Watcher, outage_s
 from controller.store.db import Store
+from onbox.sidecar.journal import read_all
 from protocol.endpoints import Endpoints
 from tests.controller.sidecars import RealSidecar
 from tests.helpers import wait_until
@@ -284,3 +285,55 @@ def test_outage_s_is_never_negative() -> None:
     assert outage_s(10.0, 12.3456) == 2.346
     for got in (outage_s(10.0, 10.0), outage_s(10.0000001, 10.0), outage_s(10.0, 9.0)):
         assert got == 0.0 and math.copysign(1.0, got) == 1.0
+
+
+# ---- a sidecar that no longer answers: its journal read back ------------------------------------
+
+
+def test_an_exit_journaled_while_nobody_followed_is_read_back_once_the_sidecar_has_gone(
+        store: Store, sidecars: List[RealSidecar], run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(readback, "READBACK_AFTER_S", 0.2)
+    box = RealSidecar(run_dir)
+    sidecars.append(box)
+    box.sidecar.emit("job.started", {"pid": 1})
+    follow_all(store, box)                           # followed until here; the laptop then slept
+    for step in range(1, 1201):                      # more than one page of `rgt-onbox journal`
+        box.sidecar.emit("train.progress", {"step": step})
+    box.sidecar.emit("ckpt.committed", {"path": "checkpoints/step1200.pt", "step": 1200})
+    box.sidecar.emit("job.exited", {"code": 0})
+    box.close()                                      # the linger ran out: the sockets are gone
+    journaled = [e["kind"] for e in read_all(run_dir / "rgt")]
+    assert journaled[-1] == "sidecar.stopping" and (run_dir / "rgt" / "endpoints.json").exists()
+    assert len(journaled) - store.cursor(RUN) > 1000
+    store.upsert_run(RUN, host="box", target="local", run_dir=str(run_dir))
+    serving = Serving(Watcher(RUN, LocalLink(str(run_dir))), store.path)
+    try:
+        serving.thread.join(60)
+        assert serving.result == [0], "the watcher did not end on the exit read back"
+    finally:
+        serving.end()
+    assert kinds(store) == journaled                 # every event, once, in order
+    assert store.cursor(RUN) == len(journaled) and store.gaps(RUN) == []
+    assert store.local_events(RUN) == []             # no link.lost, no sidecar.silent
+
+
+def test_a_read_back_racing_the_sidecars_own_hello_stores_every_event_once(
+        store: Store, sidecars: List[RealSidecar], run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read back at once (no wait), while the live sidecar's hello is on its way: both paths store,
+    each event once, no gap, and the run ends as ever once the sidecar has gone."""
+    monkeypatch.setattr(readback, "READBACK_AFTER_S", 0.0)
+    box = RealSidecar(run_dir)
+    sidecars.append(box)
+    box.sidecar.emit("job.started", {"pid": 1})
+    box.sidecar.emit("job.exited", {"code": 0})
+    store.upsert_run(RUN, host="box", target="local", run_dir=str(run_dir))
+    serving = Serving(Watcher(RUN, LocalLink(str(run_dir))), store.path)
+    try:
+        wait_until(lambda: "job.exited" in kinds(store), 30, "the exit stored")
+        box.close()
+        serving.thread.join(60)
+        assert serving.result == [0]
+    finally:
+        serving.end()
+    assert kinds(store) == [e["kind"] for e in read_all(run_dir / "rgt")]
+    assert store.gaps(RUN) == []

@@ -1,6 +1,7 @@
 """End to end: `rgt watch` over the SSH tunnel keeps its exit-code contract.
 
-10 within 2 s of a NaN written on the box, 0 on a clean finish, 3 at the timeout, 4 when the
+10 within 2 s of a NaN written on the box, 0 on a clean finish (also one that ended while nobody
+followed and its sidecar had gone: read back from the journal), 3 at the timeout, 4 when the
 box's sshd stays down past the link budget. The box is the test sshd on 127.0.0.1.
 """
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any, Dict, List, Tuple
 import pytest
 
 from controller.follow.client import running_pid
+from controller.follow.link import process_alive
+from onbox.sidecar.journal import read_all
 from tests.e2e.rgtbox import Rgt
 from tests.helpers import REPO, rgt_cmd, wait_until
 from tests.sshbox import SshBox
@@ -95,3 +98,30 @@ def test_watch_exits_4_when_the_box_stays_unreachable_past_the_budget(rgt_box: R
     assert code == 4, record
     assert record["link"] == "down" and "nothing about the job" in record["explain"].lower()
     go.write_text("")
+
+
+def test_a_run_that_ended_while_nobody_followed_ends_here_from_its_journal(rgt_box: Rgt) -> None:
+    """The laptop slept through the end: the job exited, its sidecar's linger ran out (0 s here,
+    5 min for real) and nothing answers on the sockets; the journal, read over ssh, still ends it."""
+    rgt = rgt_box
+    go = rgt.root / "go-asleep"
+    answer = rgt.launch("--steps", "100000", "--step-seconds", "0.01", "--ckpt-every", "40",
+                        "--stop-file", str(go))
+    run = answer["run_id"]
+    with rgt.store() as s:
+        wait_until(lambda: s.cursor(run) > 0, 30, "events in the store")
+    os.kill(answer["daemon_pid"], signal.SIGKILL)    # nobody follows from here
+    wait_until(lambda: running_pid(run) is None, 10, "the daemon's lock to be released")
+    rgt_dir = rgt.run_dir(run) / "rgt"
+    sidecar_pid = int(json.loads((rgt_dir / "endpoints.json").read_text())["pid"])
+    go.write_text("")
+    wait_until(lambda: process_alive(sidecar_pid) is False, 60, "the sidecar to end after the job")
+    journaled = [e["kind"] for e in read_all(rgt_dir)]
+    assert "job.exited" in journaled and journaled[-1] == "sidecar.stopping", journaled
+    code, record, _ = watch(rgt, run, "--timeout", "60")
+    assert code == 0, record
+    assert record["event"]["kind"] == "job.exited" and record["event"]["data"]["code"] == 0
+    with rgt.store() as s:
+        assert [e.kind for e in s.events(run)] == journaled and s.gaps(run) == []
+    runs = {r["run"]: r for r in json.loads(rgt("runs", "--json").stdout)["runs"]}
+    assert runs[run]["state"] == "finished", runs[run]
