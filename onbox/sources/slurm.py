@@ -25,7 +25,8 @@ Measured on Slurm 22.05 (tests/slurm): `scontrol requeue` shows COMPLETING with 
 the signal; scancel COMPLETING, then CANCELLED; a partition preemption with GraceTime=5 keeps
 RUNNING and moves EndTime to about now + GraceTime + KillWait. A job that exits during that grace
 is not requeued: Slurm records it FAILED (or COMPLETED), so a job that wants the requeue must run
-on until Slurm ends it.
+on until Slurm ends it. While slurmctld delivers a --signal warning the job shows SIGNALING, a
+RUNNING job with its signal on the way (read on a loaded machine): it counts as RUNNING.
 
 Standard library only; Python 3.9.
 """
@@ -43,6 +44,7 @@ TIMEOUT_S = 5.0
 WARNING_MAX_S = 3600.0
 _DIGITS = re.compile(r"^[0-9]{1,12}$")
 _STATE = re.compile(r"^[A-Z_]{1,32}$")
+RUNNING = ("RUNNING", "SIGNALING")   # SIGNALING: running, a --signal warning being delivered
 _TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d$")
 _LIMIT = re.compile(r"^(?:(\d{1,5})-)?(\d{1,5})(?::(\d{1,2}))?(?::(\d{1,2}))?$")
 REASONS = ("requeued", "cancelled", "time_limit", "preempted", "signalled")
@@ -190,7 +192,7 @@ def classify(f: Mapping[str, str], restarts_before: int, now: float,
         reason, grace = "time_limit", kill_wait_s
     elif state == "PREEMPTED":
         reason, grace = "preempted", kill_wait_s
-    elif state == "RUNNING" and left is not None and natural_end is not None and end is not None:
+    elif state in RUNNING and left is not None and natural_end is not None and end is not None:
         if end < natural_end - 2.0:
             reason, grace = "preempted", until_end()
         elif left <= WARNING_MAX_S:

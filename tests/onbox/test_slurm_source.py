@@ -35,6 +35,8 @@ def show(state: str, restarts: int, start: float, end: float, limit: str) -> Dic
     ("cancelled", show("CANCELLED", 0, T0, T0 + 86400, "1-00:00:00"), "cancelled", 10.0),
     # --time=1 --signal=TERM@30: RUNNING, EndTime = StartTime + 1 min, 30 s left -> 30 + KillWait
     ("warning", show("RUNNING", 0, T0, T0 + 60, "00:01:00"), "time_limit", 40.0),
+    # ... read while slurmctld still delivers it (a loaded machine): RUNNING with a flag
+    ("signaling", show("SIGNALING", 0, T0, T0 + 60, "00:01:00"), "time_limit", 40.0),
     ("timeout", show("TIMEOUT", 0, T0, T0 + 60, "00:01:00"), "time_limit", 10.0),
     # partition preemption, GraceTime: RUNNING, EndTime pulled in to 11 s from now
     ("grace", show("RUNNING", 0, T0, T0 + 41, "1-00:00:00"), "preempted", 21.0),
