@@ -80,6 +80,7 @@ EXIT_GRACE_S = 5.0     # after the job's exit, how long the sidecar may still re
 CONFIRM_S = 10.0       # the sidecar's word on a step or an exit the files already show
 KILLED_S = 30.0        # the wrapper records a SIGKILLed job's exit
 CUSTODY_S = 30.0       # custody records the last checkpoints after the job ended
+SAFE_LOAD_TRIES = 4    # manifest + copy again while custody still appends to rgt/manifest.jsonl
 LINGER_S = 600.0       # the sidecar stays until the rehearsal ends it (after custody caught up)
 END_S = 15.0           # ending one leftover process: SIGTERM, then SIGKILL
 LOAD_MIN_S = 60.0      # the least time one safe-load child gets, even late in the rehearsal
@@ -126,6 +127,14 @@ class RehearseResult:
         return {"result": "pass" if self.ok else "fail", "failed_stage": failed.name if failed else None,
                 "stages": [s.to_dict() for s in self.stages], "run_dir": str(self.run_dir),
                 "root": str(self.root), "kept": self.kept, "hint": self.hint, "notes": self.notes}
+
+
+def _size(path: Path) -> int:
+    """The file's size; -1 when it cannot be read (so that any later size differs)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
 
 
 def _last_error(text: str) -> str:
@@ -424,25 +433,31 @@ class Rehearsal:
         """What `rgt pull` + `rgt verify` would say: the box half builds the pull manifest
         (`rgt-onbox manifest`: custody's records, directory units, rotation), the listed files are
         copied to <root>/pulled the way the pull lays them out, and controller.verify.prove proves them
-        (identity, then safe load through its seam, known companions and all)."""
-        self._wait(lambda: custody_caught_up(self.run_dir, self.ckpt_dir) or not self._sidecar_alive(),
-                   CUSTODY_S)
-        every = read_manifest(self.run_dir)
-        records = newest_per_path(every)
-        stray = [rel for rel in unrecorded(self.run_dir, self.ckpt_dir, every) if rel not in records]
-        try:
-            done = self._onbox(["manifest", str(self.run_dir), "--root", str(self.root), "--json"],
-                               max(LOAD_MIN_S, self._left()))
-        except subprocess.TimeoutExpired:
-            return False, "rgt-onbox manifest (the box half of the pull) did not answer"
-        if done.returncode != 0:
-            if not records:
-                return False, "no checkpoint was recorded by the sidecar's custody"
-            return False, f"the pull manifest fails: {_last_error(done.stderr)}"
-        doc = read_json(self.rgt / "PULL_MANIFEST.json") or {}
-        pulled = self.root / "pulled"
-        shutil.rmtree(pulled, ignore_errors=True)
-        problems = copy_listed(self.run_dir, doc, pulled) + rewritten(doc, records)
+        (identity, then safe load through its seam, known companions and all). Custody may still be
+        recording the job's last save (a unit counts once quiet): when rgt/manifest.jsonl changed
+        between the manifest and the copy, both are made again (SAFE_LOAD_TRIES in all)."""
+        for _ in range(SAFE_LOAD_TRIES):
+            self._wait(lambda: custody_caught_up(self.run_dir, self.ckpt_dir) or not self._sidecar_alive(),
+                       CUSTODY_S)
+            before = _size(self.rgt / "manifest.jsonl")
+            every = read_manifest(self.run_dir)
+            records = newest_per_path(every)
+            stray = [rel for rel in unrecorded(self.run_dir, self.ckpt_dir, every) if rel not in records]
+            try:
+                done = self._onbox(["manifest", str(self.run_dir), "--root", str(self.root), "--json"],
+                                   max(LOAD_MIN_S, self._left()))
+            except subprocess.TimeoutExpired:
+                return False, "rgt-onbox manifest (the box half of the pull) did not answer"
+            if done.returncode != 0:
+                if not records:
+                    return False, "no checkpoint was recorded by the sidecar's custody"
+                return False, f"the pull manifest fails: {_last_error(done.stderr)}"
+            doc = read_json(self.rgt / "PULL_MANIFEST.json") or {}
+            pulled = self.root / "pulled"
+            shutil.rmtree(pulled, ignore_errors=True)
+            problems = copy_listed(self.run_dir, doc, pulled) + rewritten(doc, records)
+            if _size(self.rgt / "manifest.jsonl") == before:
+                break     # custody recorded nothing meanwhile: the copy is what the manifest lists
         (pulled / "rgt").mkdir(parents=True, exist_ok=True)
         shutil.copy2(self.rgt / "PULL_MANIFEST.json", pulled / "rgt" / "PULL_MANIFEST.json")
         report = verify(pulled, write=False, load_timeout_s=max(LOAD_MIN_S, self._left()))

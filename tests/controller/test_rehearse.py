@@ -314,6 +314,28 @@ def test_safe_load_stage_on_a_settled_run_dir(rehearsal: Rehearsal) -> None:
     assert not ok and "checkpoints/state.json: sha256" in detail and "recorded at write time" in detail
 
 
+def test_safe_load_makes_the_manifest_again_when_custody_records_during_it(
+        rehearsal: Rehearsal, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's last save is recorded while the pull manifest is made (custody waits for a unit
+    to be quiet): the copy would hold a longer rgt/manifest.jsonl than listed. The stage sees the
+    log change and makes manifest and copy again, and the last save is verified too."""
+    save_ckpt(rehearsal.run_dir, "checkpoints/state.json", b'{"step": 20}', 20, ts=1.0)
+    onbox = rehearsal._onbox
+    calls: List[List[str]] = []
+
+    def manifest_while_custody_records(args: List[str], timeout_s: float) -> Any:
+        calls.append(args)
+        done = onbox(args, timeout_s)
+        if len(calls) == 1:   # the last save, recorded just after the manifest listed the log
+            save_ckpt(rehearsal.run_dir, "checkpoints/last.json", b'{"step": 30}', 30, ts=2.0)
+        return done
+    monkeypatch.setattr(rehearsal, "_onbox", manifest_while_custody_records)
+    ok, detail = rehearsal.stage_safe_load()
+    assert ok and "2 checkpoint files pulled and verified" in detail, detail
+    assert [a[0] for a in calls] == ["manifest", "manifest"]
+    assert (rehearsal.root / "pulled" / "checkpoints" / "last.json").is_file()
+
+
 def test_safe_load_stage_names_a_checkpoint_that_does_not_load(rehearsal: Rehearsal) -> None:
     save_ckpt(rehearsal.run_dir, "checkpoints/step000020.pt", b"PK\x03\x04 not a real zip", 20, ts=1.0)
     ok, detail = rehearsal.stage_safe_load()
