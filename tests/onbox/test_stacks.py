@@ -25,6 +25,7 @@ from onbox.detectors.hang import (
     parse_pyspy_json,
     short_text,
 )
+from onbox.monitors import stacks as stack_capture
 from onbox.monitors.health import HealthMonitor, MonitorConfig
 from onbox.monitors.stacks import StackCapture, StallStacks, find_py_spy
 from protocol import MAX_EVENT_BYTES
@@ -177,30 +178,36 @@ def test_a_torchrun_rank_that_hangs_is_named_from_the_stacks(ddp_hang: subproces
     print(f"stall verdict -> stacks captured: {took:.2f} s (capture {ev['stacks_s']} s)")
 
 
-# A py-spy whose native dump never ends (a box too loaded to read libtorch's symbols in time) and
-# whose plain one answers with the stack it was given.
-SLOW_NATIVE_PY_SPY = """#!/bin/sh
-case " $* " in *" --native "*) exec sleep 3600 ;; esac
+# A py-spy whose native dump fails (unwinding, as on some builds) or never ends (a box too loaded to
+# read libtorch's symbols in time), and whose plain one answers with the stack it was given.
+FAKE_PY_SPY = """#!/bin/sh
+case " $* " in *" --native "*) %s ;; esac
 cat "$(dirname "$0")/plain.json"
 """
+NATIVE_FAILS = 'echo "Error: Failed to unwind the native stack" >&2; exit 1'
+NATIVE_HANGS = "exec sleep 3600"
 
 
-def test_a_native_dump_that_runs_out_of_time_leaves_the_plain_frames_and_says_why(tmp_path: Path) -> None:
+@pytest.mark.parametrize("native", [NATIVE_FAILS, NATIVE_HANGS])
+def test_a_native_dump_that_fails_or_runs_out_leaves_the_plain_frames_and_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, native: str) -> None:
+    # A reserve far above what the plain dump needs on any machine: the test is of the fallback,
+    # not of the time a loaded machine takes to start the fake.
+    monkeypatch.setattr(stack_capture, "PLAIN_RESERVE_S", 30.0)
     fake = tmp_path / "py-spy"
-    fake.write_text(SLOW_NATIVE_PY_SPY)
+    fake.write_text(FAKE_PY_SPY % native)
     fake.chmod(0o755)
     shutil.copy(DATA / "ddp_rank1_native.json", tmp_path / "plain.json")
     job = subprocess.Popen([sys.executable, "-c", "import threading\nthreading.Event().wait()"])
     try:
-        began = time.monotonic()
-        [s] = StackCapture(tmp_path, py_spy=str(fake)).capture(job.pid, budget_s=3.0)
-        took = time.monotonic() - began
+        [s] = StackCapture(tmp_path, py_spy=str(fake)).capture(job.pid, budget_s=32.0)
     finally:
         job.kill()
         job.wait(30)
     assert s.source == "py-spy --nonblocking" and s.threads, s
-    assert s.error is not None and s.error.startswith("no native frames: py-spy --native took over 2.0 s"), s
-    assert took < 3.0 + 1.0, took   # the budget holds: the plain dump came out of its reserve
+    why = ("Error: Failed to unwind the native stack" if native == NATIVE_FAILS
+           else "py-spy --native took over ")
+    assert s.error is not None and s.error.startswith(f"no native frames: {why}"), s
     [doc] = compact([s])
     assert doc["error"] == s.error and doc["threads"]
 
