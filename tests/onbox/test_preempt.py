@@ -2,6 +2,7 @@
 `rgt-onbox launch --wait` stays until the job ends and passes the signal on."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -144,8 +145,12 @@ def test_a_sigterm_to_every_process_of_a_step_still_journals_the_exit(rig: Rig) 
     sidecar = wait_until(lambda: ProcRef.from_dict((read_json(rgt / "supervisor.json") or {}).get("sidecar")),
                          20, "the sidecar")
     job = wait_until(lambda: (read_json(rgt / "job.json") or {}).get("job"), 20, "the job")
-    for pid in (sidecar.pid, sup.pid, result.pid, job["pid"]):   # the order proctrack may use
+    for pid in (sidecar.pid, sup.pid, result.pid):   # the order proctrack may use
         os.kill(pid, signal.SIGTERM)
+    # The wrapper passes its SIGTERM on to the job at once: on a busy machine the job may have
+    # ended by then, which is the step ending as it should.
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(job["pid"], signal.SIGTERM)
     doc = rig.finished(result.run_dir, timeout_s=60)
     assert doc["preempted"] is True
     names = kinds(result.run_dir)
