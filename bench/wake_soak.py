@@ -280,7 +280,8 @@ def end_runs(rig: Rig, runs: List[Dict[str, Any]]) -> None:
     """Every run's job, supervisor and sidecar, and every background watcher, ended by pid."""
     os.environ["RGT_HOME"] = rig.env["RGT_HOME"]
     from controller.follow import client
-    from onbox.runs import ProcRef, end_process, read_json, run_status, stop_run, wait_for
+    from onbox.runs import ProcRef, end_process, read_json, run_status, wait_for
+    from onbox.stop import stop_run
 
     for answer in runs:
         run_dir = Path(answer["run_dir"])

@@ -279,7 +279,8 @@ def launch(root: Optional[Path], project: Optional[str], run_id: Optional[str], 
     """
     from rgtlib.units import parse_duration, parse_size
 
-    from onbox.launch.launcher import LaunchOptions, run_launch
+    from onbox.cli.launch import run_launch
+    from onbox.launch.launcher import LaunchOptions
 
 
     try:
@@ -323,7 +324,8 @@ def stop(run: str, root: Optional[Path], grace: str, as_json: bool) -> None:
     """
     from rgtlib.units import parse_duration
 
-    from onbox.runs import default_root, render_stop, resolve_run, stop_run
+    from onbox.runs import default_root, resolve_run
+    from onbox.stop import render_stop, stop_run
 
     try:
         grace_s = parse_duration(grace)

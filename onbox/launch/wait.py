@@ -65,7 +65,8 @@ def _kill(pid: int, signum: int) -> None:
 def wait_for_job(run_dir: Path, wrapper_pid: int, *, report_wait_s: float = REPORT_WAIT_S,
                  sidecar: bool = True, forwarder: Optional[Forwarder] = None) -> int:
     """Block until the wrapper (a child of this process) exits; its exit status as a shell sees it.
-    `forwarder`: one installed before the launch (run_launch); else one is installed here."""
+    `forwarder`: one installed before the launch (onbox/cli/launch.py's run_launch); else one is
+    installed here."""
     paths = RunPaths(run_dir)
     with Forwarder() if forwarder is None else contextlib.nullcontext(forwarder) as installed:
         installed.target(wrapper_pid)

@@ -19,7 +19,8 @@ from controller import paths
 from controller.box.ssh import Ssh
 from controller.follow.client import running_pid, stop_daemon, unfollow
 from controller.store.db import Store
-from onbox.runs import run_status, stop_run, wait_for
+from onbox.runs import run_status, wait_for
+from onbox.stop import stop_run
 from tests.helpers import REPO, end_box_side, rgt_cmd
 from tests.sshbox import SshBox
 

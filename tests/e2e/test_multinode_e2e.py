@@ -22,7 +22,8 @@ from typing import Any, Dict, List, Optional, Type
 import pytest
 
 from controller.store.db import Store
-from onbox.runs import read_json, run_status, stop_run
+from onbox.runs import read_json, run_status
+from onbox.stop import stop_run
 from tests.e2e.rgtbox import Rgt
 from tests.helpers import REPO, wait_until
 

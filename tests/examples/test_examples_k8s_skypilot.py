@@ -19,8 +19,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import pytest
 import yaml
 
-from onbox.runs import ProcRef, end_process, read_json, run_status, stop_run
+from onbox.runs import ProcRef, end_process, read_json, run_status
 from onbox.sidecar.journal import read_all
+from onbox.stop import stop_run
 from tests.helpers import REPO, wait_until
 
 EXAMPLES = REPO / "examples"

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
+from onbox.cli.launch import run_launch
 from onbox.custody import manifest
 from onbox.launch.launcher import (
     EXIT_REFUSED,
@@ -31,12 +32,12 @@ from onbox.launch.launcher import (
     LaunchResult,
     LaunchUsageError,
     launch,
-    run_launch,
 )
 from onbox.launch.supervise import BACKOFF_CAP_S, Supervisor
 from onbox.monitors.preflight import run_health
-from onbox.runs import ProcRef, read_json, run_status, stop_run
+from onbox.runs import ProcRef, read_json, run_status
 from onbox.sidecar.journal import read_all
+from onbox.stop import stop_run
 from tests.helpers import REPO, end_box_side, wait_until
 
 MIB = 1 << 20

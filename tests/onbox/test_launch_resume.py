@@ -16,8 +16,9 @@ from typing import Any, Dict, List
 
 import pytest
 
+from onbox.cli.launch import run_launch
 from onbox.custody import manifest
-from onbox.launch.launcher import EXIT_REFUSED, EXIT_USAGE, run_launch
+from onbox.launch.launcher import EXIT_REFUSED, EXIT_USAGE
 from onbox.launch.settings import resume_step, training_config
 from onbox.monitors.training import TrainingConfig, TrainingMonitor
 from onbox.sidecar.journal import read_all

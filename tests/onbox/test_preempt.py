@@ -72,7 +72,7 @@ def test_sigterm_to_the_wrapper_is_a_preemption_with_its_grace(rig: Rig) -> None
 
 
 def test_rgts_own_stop_is_not_a_preemption(rig: Rig) -> None:
-    from onbox.runs import stop_run
+    from onbox.stop import stop_run
 
     result = rig.launch(py(WAIT_GO))
     wait_until(lambda: "job.started" in kinds(result.run_dir), 20, "job.started")

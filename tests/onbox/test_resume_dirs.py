@@ -20,10 +20,11 @@ from typing import Dict, Iterator, List
 
 import pytest
 
+from onbox.cli.launch import run_launch
 from onbox.custody import manifest
 from onbox.launch import resume
 from onbox.launch.gates import LaunchRefused, LaunchUsageError
-from onbox.launch.launcher import EXIT_REFUSED, run_launch
+from onbox.launch.launcher import EXIT_REFUSED
 from tests.helpers import REPO, wait_until
 from tests.onbox.test_launch import Rig, log_line, py
 from tests.onbox.test_launch_resume import SHOW

@@ -20,11 +20,10 @@ from onbox.runs import (
     list_runs,
     newest_checkpoint_of,
     render_ps,
-    render_stop,
     resolve_run,
     run_status,
-    stop_run,
 )
+from onbox.stop import render_stop, stop_run
 from tests.helpers import wait_until
 
 SLEEPER = [sys.executable, "-c", "import signal\nwhile True: signal.pause()"]

@@ -15,7 +15,8 @@ from typing import Any, Dict, List
 
 import pytest
 
-from onbox.launch.launcher import RESERVED_ENV, run_launch
+from onbox.cli.launch import run_launch
+from onbox.launch.launcher import RESERVED_ENV
 from onbox.launch.secrets import MAX_VALUE_BYTES, maskable, read_secrets, secrets_dir
 from onbox.runs import read_json
 from onbox.sidecar.journal import read_all
