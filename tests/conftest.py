@@ -104,9 +104,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
-    """Hand out the end-to-end tests first: they are the long ones, and the many short tests then
-    fill the workers' tails instead of one long test starting last."""
-    items.sort(key=lambda item: 0 if "e2e" in item.path.parts else 1)
+    """Hand out the end-to-end tests and the real Slurm cluster's first: they are the long ones (the
+    Slurm time-limit test alone waits ~90 s for its warning), and the many short tests then fill the
+    workers' tails instead of one long test starting last."""
+    items.sort(key=lambda item: 0 if {"e2e", "slurm"} & set(item.path.parts) else 1)
 
 
 def _grace_join(threads: set[threading.Thread], timeout_s: float) -> None:
