@@ -1,0 +1,99 @@
+"""`make test` again and again beside busy loops: does the suite pass every time on a loaded machine?
+
+A test that passes on a quiet machine and fails when the cores are busy depends on timing, and
+CI loses the whole landing to it. This clones the repository at a revision (a fresh clone, as CI
+has), then runs `.ci/run` there N times in a row, each beside --burners processes spinning
+`while True: pass`, and records each run's wall time, result and pytest's closing lines.
+
+    .venv/bin/python bench/suite_series.py [--runs 10] [--burners 1] [--rev HEAD] [--keep-going]
+
+The first run sets up the clone's venvs (what a fresh clone costs); later runs keep them and
+remove everything else git ignores (`git clean -xdf` but the venvs and the wheelhouse), as a
+second CI run on the same machine would. Stops at the first failure unless --keep-going. Prints
+a table and writes bench/results/suite_series.json, each run's output beside it in
+bench/results/suite_series/run-N.log. Ends every process it started, by pid.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from boxrig import REPO, RESULTS, write_results
+
+from controller.render import table
+
+KEEP = (".venv", ".venv39", ".wheelhouse")
+# pytest's closing line, e.g. "2506 passed, 3 skipped in 536.21s (0:08:56)" or "1 failed, 2505 passed ..."
+SUMMARY = re.compile(r"^=*\s*((?:\d+ \w+(?:, )?)+) in ([\d.]+)s", re.M)
+
+
+def clone(rev: str, where: Path) -> str:
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(where)], check=True)
+    subprocess.run(["git", "-C", str(where), "checkout", "-q", rev], check=True)
+    return subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def one_run(repo: Path, burners: int, log: Path) -> Dict[str, Any]:
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(burners)]
+    began = time.monotonic()
+    try:
+        with log.open("wb") as out:
+            env = {**os.environ, "CI": "true"}
+            done = subprocess.run(["bash", ".ci/run"], cwd=repo, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, env=env, check=False)
+    finally:
+        for p in spin:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+    text = log.read_text(errors="replace")
+    legs = [{"counts": m.group(1), "seconds": float(m.group(2))} for m in SUMMARY.finditer(text)]
+    failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)))
+    return {"rc": done.returncode, "wall_s": round(time.monotonic() - began, 1), "legs": legs,
+            "failed": failed, "log": str(log.relative_to(REPO))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--burners", type=int, default=1, help="busy loops beside each run (default 1)")
+    ap.add_argument("--rev", default="HEAD", help="the revision to clone (default HEAD)")
+    ap.add_argument("--keep-going", action="store_true", help="go on after a failed run")
+    args = ap.parse_args()
+    logs = RESULTS / "suite_series"
+    logs.mkdir(parents=True, exist_ok=True)
+    runs: List[Dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="rgt-series-", dir="/tmp") as tmp:
+        repo = Path(tmp) / "clone"
+        rev = clone(args.rev, repo)
+        print(f"series of {args.runs} at {rev}, {args.burners} busy loop(s) beside, in {repo}", flush=True)
+        for n in range(1, args.runs + 1):
+            if n > 1:
+                subprocess.run(["git", "-C", str(repo), "clean", "-q", "-xdf", *(f"-e{k}" for k in KEEP)],
+                               check=True)
+            r = {"run": n, **one_run(repo, args.burners, logs / f"run-{n}.log")}
+            runs.append(r)
+            legs = "; ".join(f"{leg['counts']} in {leg['seconds']:.0f}s" for leg in r["legs"])
+            print(f"run {n}: rc {r['rc']}, {r['wall_s']:.0f} s: {legs} {' '.join(r['failed'])}", flush=True)
+            write_results("suite_series", {"rev": rev, "burners": args.burners, "runs": runs})
+            if r["rc"] != 0 and not args.keep_going:
+                break
+    passed = sum(r["rc"] == 0 for r in runs)
+    rows = [[str(r["run"]), "pass" if r["rc"] == 0 else f"FAIL rc {r['rc']}", f"{r['wall_s'] / 60:.1f} min",
+             "; ".join(leg["counts"] for leg in r["legs"])] for r in runs]
+    print(table(["RUN", "RESULT", "WALL", "PYTEST LEGS"], rows))
+    print(f"{passed} of {len(runs)} passed at {rev}; results in {RESULTS / 'suite_series.json'}")
+    return 0 if passed == len(runs) == args.runs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
