@@ -164,7 +164,7 @@ class Clock:
 class Recorder:
     """An `emit(kind, data, sev)` callable that keeps every event and lets a test wait for one."""
 
-    wait_s = 10.0
+    wait_s = 30.0  # a bound on the wait for an event that must come; a passing test never waits it out
 
     def __init__(self) -> None:
         self.events: List[Tuple[str, Dict[str, Any], Optional[str]]] = []

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any, Iterator, List, Optional
+from typing import IO, Any, List, Optional
 
 import pytest
 from click.testing import CliRunner, Result
@@ -39,17 +39,6 @@ EVENTS = [
     ev(4, "heartbeat", uptime_s=60),
     ev(5, "job.exited", "warn", code=1, signal=None, oom_killed=False),
 ]
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_threads() -> Iterator[None]:
-    before = set(threading.enumerate())
-    yield
-    deadline = time.monotonic() + WAIT_S
-    for thread in set(threading.enumerate()) - before:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    leaked = [t.name for t in set(threading.enumerate()) - before]
-    assert not leaked, f"threads left running: {leaked}"
 
 
 @pytest.fixture

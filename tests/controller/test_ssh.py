@@ -422,7 +422,7 @@ def test_local_shell_runs_and_puts(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     with pytest.raises(SshError, match="timed out"):
         local.run(f"sleep 30 & echo $! > {pid_file}; wait", timeout_s=0.5)
     background = int(pid_file.read_text())  # the whole process group was ended, not just sh
-    wait_until(lambda: _gone(background), 5, "the background sleep to end")
+    wait_until(lambda: _gone(background), 30, "the background sleep to end")
     files = _files(tmp_path)
     local.put(files, "~/x/y")
     _assert_landed(files, tmp_path / "home" / "x" / "y")

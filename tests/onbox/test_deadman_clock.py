@@ -258,5 +258,7 @@ def test_the_real_daemon_fires_by_the_boot_clock_when_the_unix_times_lie(
     lease = read_lease(box.paths).lease
     assert lease is not None and lease.fired is not None and lease.renewed_boottime is not None
     took = lease.fired["boottime"] - lease.renewed_boottime
-    assert ttl <= took <= ttl + 5.0, took  # a tick is 0.05 s; the rest is slack for a busy machine
+    # not before the boot clock's ttl, and long before the lie's 3 h (within the wait above): how
+    # late past the ttl depends on how busy the machine is, so it is not bounded closer
+    assert ttl <= took < 30.0, took
     assert box.recorded() == ["stop i-1 key=none other=none"]

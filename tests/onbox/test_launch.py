@@ -88,7 +88,7 @@ class Rig:
                    timeout_s, "the supervisor to finish")
         sup = ProcRef.from_dict(read_json(run_dir / "rgt" / "supervisor.json"))
         assert sup is not None
-        wait_until(lambda: not sup.alive(), 5, "the supervisor to exit")
+        wait_until(lambda: not sup.alive(), 30, "the supervisor to exit")
         doc = read_json(run_dir / "rgt" / "exit.json")
         assert doc is not None
         return doc
@@ -304,7 +304,7 @@ def test_refused_while_alive_then_relaunch_resumes_from_the_manifest(rig: Rig) -
 def test_a_recycled_pid_does_not_block_a_relaunch(rig: Rig) -> None:
     sleeper = subprocess.Popen(py("import signal\nwhile True: signal.pause()"), start_new_session=True)
     try:
-        ref = wait_until(lambda: ProcRef.of(sleeper.pid), 5, "the sleeper")
+        ref = wait_until(lambda: ProcRef.of(sleeper.pid), 30, "the sleeper")
         run_dir = rig.track(rig.root / "p" / "active" / "old")
         (run_dir / "rgt").mkdir(parents=True)
         job = {"wrapper": ref.to_dict(), "job": ref.to_dict(), "pgid": ref.pid, "attempt": 1}

@@ -28,7 +28,7 @@ from onbox.sources.process import ProcessView, ProcInfo, start_ticks
 from tests.helpers import Clock
 from tests.helpers import Recorder as BaseRecorder
 
-WAIT_S = 5.0
+WAIT_S = 30.0  # a bound on waits for what must happen; a passing test never waits it out
 JOB = 4242  # the fake scenarios put pids 4242+i on GPU i
 JOB_TREE = {JOB + i for i in range(8)}
 

@@ -45,7 +45,7 @@ def sleepers() -> Iterator[List[subprocess.Popen]]:
 def start(procs: List[subprocess.Popen]) -> Tuple[subprocess.Popen, ProcRef]:
     p = subprocess.Popen(SLEEPER, start_new_session=True)
     procs.append(p)
-    ref = wait_until(lambda: ProcRef.of(p.pid), 5, "the process in /proc")
+    ref = wait_until(lambda: ProcRef.of(p.pid), 30, "the process in /proc")
     return p, ref
 
 
@@ -146,7 +146,7 @@ def test_zombie_is_not_alive(sleepers: List[subprocess.Popen]) -> None:
     p, ref = start(sleepers)
     assert ref.alive()
     os.kill(p.pid, signal.SIGKILL)  # not reaped yet: a zombie until wait()
-    wait_until(lambda: not ref.alive(), 5, "the zombie to count as gone")
+    wait_until(lambda: not ref.alive(), 30, "the zombie to count as gone")
     assert not ref.recycled()
 
 

@@ -20,7 +20,7 @@ from onbox.scheduler import Scheduler
 from tests.helpers import Clock
 from tests.helpers import Recorder as BaseRecorder
 
-WAIT_S = 5.0
+WAIT_S = 30.0  # a bound on waits for what must happen; a passing test never waits it out
 
 
 class Recorder(BaseRecorder):
