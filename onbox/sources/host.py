@@ -56,9 +56,15 @@ class CgroupMemory:
 
 @dataclasses.dataclass(frozen=True)
 class CgroupLocation:
+    """Where a process's memory cgroup lies in this mount. `hidden` is the leading part of the path
+    that /proc names and the mount does not show: a container that has its own cgroup mounted as the
+    root without a cgroup namespace (Docker on cgroup v1) reads "/docker/ID/job" in /proc and finds
+    the job at <mount>/job; the kernel log names the whole path."""
+
     version: int
     leaf: Path
     mount: Path
+    hidden: str = ""
 
 
 def _int_or_none(text: str) -> Optional[int]:
@@ -103,12 +109,13 @@ class CgroupReader:
                 v2 = parts[2]
             elif "memory" in parts[1].split(","):
                 v1 = parts[2]
+        member = pid or os.getpid()
         if v1 is not None:
-            found = self._pick(self.root / "memory", v1, "memory.usage_in_bytes", 1)
+            found = self._pick(self.root / "memory", v1, "memory.usage_in_bytes", 1, member)
             if found is not None:
                 return found
         if v2 is not None:
-            return self._pick(self.root, v2, "memory.current", 2)
+            return self._pick(self.root, v2, "memory.current", 2, member)
         return None
 
     def describe(self, memcg: str) -> str:
@@ -121,12 +128,25 @@ class CgroupReader:
                 return f"{what} /{rel} ({limit_file(version)} {limit} bytes)"
         return f"job cgroup /{rel}"
 
-    def _pick(self, mount: Path, rel: str, probe: str, version: int) -> Optional[CgroupLocation]:
-        leaf = mount / rel.strip("/")
-        for candidate in (leaf, mount):  # a cgroup namespace shows its own root as the mount
-            if self._text(candidate / probe) is not None:
-                return CgroupLocation(version, candidate, mount)
+    def _pick(self, mount: Path, rel: str, probe: str, version: int, pid: int) -> Optional[CgroupLocation]:
+        """The path as /proc names it; else, within a container that mounts its own cgroup as the
+        root (no cgroup namespace), the same path less leading parts, taken only where its
+        cgroup.procs lists `pid`; else the mount itself, which a cgroup namespace shows as its own
+        root. A path with ".." (a namespace's view of a cgroup outside it) never leaves the mount."""
+        parts = [p for p in rel.split("/") if p not in ("", ".")]
+        if ".." not in parts:
+            if self._text(mount.joinpath(*parts) / probe) is not None:
+                return CgroupLocation(version, mount.joinpath(*parts), mount)
+            for cut in range(1, len(parts)):
+                inner = mount.joinpath(*parts[cut:])
+                if self._text(inner / probe) is not None and self._lists(inner, pid):
+                    return CgroupLocation(version, inner, mount, "/" + "/".join(parts[:cut]))
+        if self._text(mount / probe) is not None:
+            return CgroupLocation(version, mount, mount)
         return None
+
+    def _lists(self, cgroup: Path, pid: int) -> bool:
+        return str(pid) in (self._text(cgroup / "cgroup.procs") or "").split()
 
     def memory(self, where: CgroupLocation) -> Optional[CgroupMemory]:
         """Current use, the binding limit, and the oom_kill counter; None when nothing is readable."""
@@ -170,13 +190,15 @@ class CgroupReader:
 
 
 def kernel_path(where: CgroupLocation, node: Optional[Path] = None) -> str:
-    """A cgroup as the kernel log names it: its path under the mount ("/" for the mount itself)."""
+    """A cgroup as the kernel log names it: its path under the mount ("/" for the mount itself),
+    after the part of the path the mount does not show (`where.hidden`)."""
     node = where.leaf if node is None else node
     try:
         rel = node.relative_to(where.mount)
     except ValueError:
         return str(node)
-    return "/" + str(rel) if str(rel) not in ("", ".") else "/"
+    inside = "/" + str(rel) if str(rel) not in ("", ".") else ""
+    return where.hidden + inside or "/"
 
 
 def limit_file(version: int) -> str:

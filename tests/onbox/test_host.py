@@ -77,6 +77,39 @@ def test_cgroup_v1_memory_line_wins_in_a_hybrid_hierarchy(tmp_path: Path) -> Non
     assert mem.working_set_bytes == 600 and mem.used_pct == 75.0
 
 
+def test_a_container_without_a_cgroup_namespace_finds_the_job_cgroup_below_its_root(tmp_path: Path) -> None:
+    # Docker on cgroup v1: /proc names the host's path, the mount is the container's cgroup, and the
+    # job sits in a cgroup of its own below it. The kernel log names the whole path.
+    proc, cg = tmp_path / "proc", tmp_path / "cg"
+    write_tree(proc, {"77/cgroup": "4:memory:/docker/abc/job\n", "78/cgroup": "4:memory:/docker/abc/job\n"})
+    write_tree(cg, {
+        "memory/memory.usage_in_bytes": "5000\n", "memory/memory.limit_in_bytes": "9223372036854771712\n",
+        "memory/job/memory.usage_in_bytes": "700\n", "memory/job/memory.limit_in_bytes": "1000\n",
+        "memory/job/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+        "memory/job/cgroup.procs": "77\n",
+    })
+    reader = CgroupReader(root=cg, proc=proc)
+    where = reader.locate(77)
+    assert where is not None and where.leaf == cg / "memory" / "job" and where.hidden == "/docker/abc"
+    assert host.kernel_path(where) == "/docker/abc/job"
+    assert host.kernel_path(where, where.mount) == "/docker/abc"
+    mem = reader.memory(where)
+    assert mem is not None and (mem.current_bytes, mem.max_bytes, mem.oom_kill) == (700, 1000, 2)
+    # A cgroup of the same name that does not hold the process is not its cgroup: the mount is.
+    other = reader.locate(78)
+    assert other is not None and other.leaf == cg / "memory" and other.hidden == ""
+    assert host.kernel_path(other) == "/"
+
+
+def test_a_path_with_dot_dot_never_leaves_the_mount(tmp_path: Path) -> None:
+    proc, cg = tmp_path / "proc", tmp_path / "cg"
+    write_tree(proc, {"5/cgroup": "0::/../outside\n"})
+    write_tree(tmp_path, {"outside/memory.current": "1\n", "outside/cgroup.procs": "5\n"})
+    write_tree(cg, {"cgroup.controllers": "memory\n", "memory.current": "9\n"})
+    where = CgroupReader(root=cg, proc=proc).locate(5)
+    assert where is not None and where.leaf == cg
+
+
 def test_no_readable_cgroup_is_none_not_an_error(tmp_path: Path) -> None:
     reader = CgroupReader(root=tmp_path / "cg", proc=tmp_path / "proc")
     assert reader.locate(1) is None
