@@ -10,8 +10,10 @@ has), then runs `.ci/run` there N times in a row, each beside --burners processe
 The first run sets up the clone's venvs (what a fresh clone costs); later runs keep them and
 remove everything else git ignores (`git clean -xdf` but the venvs and the wheelhouse), as a
 second CI run on the same machine would. Stops at the first failure unless --keep-going. Prints
-a table and writes bench/results/suite_series.json, each run's output beside it in
-bench/results/suite_series/run-N.log. Ends every process it started, by pid.
+a table and writes bench/results/suite_series.json (after every run), each run's output beside it
+in bench/results/suite_series/run-N.log. Ends the busy loops it started, by pid; on SIGTERM or
+Ctrl-C it also interrupts the run in progress (SIGINT to its process group, so pytest's fixtures
+end what the tests started) and waits for it.
 """
 from __future__ import annotations
 
@@ -49,8 +51,14 @@ def one_run(repo: Path, burners: int, log: Path) -> Dict[str, Any]:
     try:
         with log.open("wb") as out:
             env = {**os.environ, "CI": "true"}
-            done = subprocess.run(["bash", ".ci/run"], cwd=repo, stdin=subprocess.DEVNULL, stdout=out,
-                                  stderr=subprocess.STDOUT, env=env, check=False)
+            ci = subprocess.Popen(["bash", ".ci/run"], cwd=repo, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            try:
+                rc = ci.wait()
+            except BaseException:
+                os.killpg(ci.pid, signal.SIGINT)
+                ci.wait()
+                raise
     finally:
         for p in spin:
             p.send_signal(signal.SIGKILL)
@@ -58,7 +66,7 @@ def one_run(repo: Path, burners: int, log: Path) -> Dict[str, Any]:
     text = log.read_text(errors="replace")
     legs = [{"counts": m.group(1), "seconds": float(m.group(2))} for m in SUMMARY.finditer(text)]
     failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)))
-    return {"rc": done.returncode, "wall_s": round(time.monotonic() - began, 1), "legs": legs,
+    return {"rc": rc, "wall_s": round(time.monotonic() - began, 1), "legs": legs,
             "failed": failed, "log": str(log.relative_to(REPO))}
 
 
@@ -69,6 +77,7 @@ def main() -> int:
     ap.add_argument("--rev", default="HEAD", help="the revision to clone (default HEAD)")
     ap.add_argument("--keep-going", action="store_true", help="go on after a failed run")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the runs' clean-up, as for Ctrl-C
     logs = RESULTS / "suite_series"
     logs.mkdir(parents=True, exist_ok=True)
     runs: List[Dict[str, Any]] = []
