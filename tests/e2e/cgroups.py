@@ -13,15 +13,8 @@ from tests.helpers import wait_until
 LIMIT_BYTES = 256 << 20
 
 
-V1_MEMORY = Path("/sys/fs/cgroup/memory")
-
-
 def memory_cgroup_base() -> Optional[Path]:
-    """A writable cgroup (v2, or v1's memory controller) under this process's own.
-
-    Where /proc names a v1 path the mount does not show (this kind of sandbox; Docker on cgroup v1
-    without a cgroup namespace), the mount is the cgroup this process may use: the two OOM tests
-    used to skip here for want of one."""
+    """A writable cgroup (v2, or v1's memory controller) under this process's own."""
     if os.geteuid() != 0:
         return None
     for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -29,9 +22,7 @@ def memory_cgroup_base() -> Optional[Path]:
         if controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
             base = Path("/sys/fs/cgroup") / rel.lstrip("/")
         elif "memory" in controllers.split(","):
-            base = V1_MEMORY / rel.lstrip("/")
-            if not base.exists():
-                base = V1_MEMORY
+            base = Path("/sys/fs/cgroup/memory") / rel.lstrip("/")
         else:
             continue
         if os.access(base, os.W_OK):
