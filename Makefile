@@ -55,11 +55,12 @@ typecheck: $(STAMP)
 # ~80 % busy at four (7m43s at six, 8m25s at four, quiet). loadgroup keeps the tests that share a
 # module's fixture on one worker (tests/conftest.py). The bytecode is compiled first: the
 # environment may forbid writing it (PYTHONDONTWRITEBYTECODE), and then every process a test
-# starts would compile its imports again.
+# starts would compile its imports again. -rs: every skipped test says why at the end (here, the
+# real-GPU tests and whatever this machine lacks).
 WORKERS ?= $${PYTEST_WORKERS:-6}
 pytest: $(STAMP) system-deps
 	$(BIN)/python -m compileall -q protocol rgtlib onbox controller profiles tests scripts
-	$(BIN)/pytest -q -n $(WORKERS) --dist loadgroup --durations=15
+	$(BIN)/pytest -q -rs -n $(WORKERS) --dist loadgroup --durations=15
 
 # protocol/, onbox/ and the controller must run on the old Pythons of rental images and laptops.
 # vermin and ruff's py39 target catch syntax; this runs their tests on a real 3.9 when the machine
