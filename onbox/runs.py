@@ -205,10 +205,17 @@ def run_dirs(root: Path) -> List[Path]:
 
 
 def resolve_run(root: Path, ref: str) -> Path:
-    """A run from a path, "<project>/<run-id>" or a bare run id unique under the root."""
-    as_path = Path(ref).expanduser()
-    if as_path.is_dir() and ((as_path / "run.json").exists() or (as_path / "rgt").is_dir()):
-        return as_path.resolve()
+    """A run from "<project>/<run-id>", a bare run id unique under the root, or an explicit path.
+
+    Names come first: a ref is read by the run-id grammar under the root, so "..", "p" or a word
+    that happens to name a folder in the cwd is never taken for a run. A path counts only when it
+    says it is one (absolute, "~...", "./..." or "../...") and the folder holds a run (run.json, or
+    the rgt/ of a journal)."""
+    if _is_explicit_path(ref):
+        as_path = Path(ref).expanduser()
+        if as_path.is_dir() and ((as_path / "run.json").exists() or (as_path / "rgt").is_dir()):
+            return as_path.resolve()
+        raise RunError(f"{ref!r} is not a run directory (no run.json or rgt/ in it)")
     root = Path(root).expanduser()
     if "/" in ref:
         project, _, run_id = ref.partition("/")
@@ -222,6 +229,11 @@ def resolve_run(root: Path, ref: str) -> Path:
         names = ", ".join(f"{c.parent.parent.name}/{c.name}" for c in found)
         raise RunError(f"run id {ref!r} is in several projects ({names}); name it as <project>/<run-id>")
     return found[0].resolve()
+
+
+def _is_explicit_path(ref: str) -> bool:
+    """Whether a run ref is written as a path: absolute, from home, or relative with ./ or ../."""
+    return ref.startswith(("/", "~", "./", "../"))
 
 
 def nearest_existing(path: Path) -> Path:

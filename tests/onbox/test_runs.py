@@ -163,9 +163,39 @@ def test_resolve_run(tmp_path: Path) -> None:
         resolve_run(root, "twice")
     with pytest.raises(RunError, match="no run"):
         resolve_run(root, "nope")
-    for odd in ("../p/only-here", "p/../p/only-here", "p/only-here\n", "only-here\n", "..", "p/.."):
+    for odd in ("p/../p/only-here", "p/only-here\n", "only-here\n", "..", ".", "p/.."):
         with pytest.raises(RunError, match="no run"):
             resolve_run(root, odd)  # the run-id grammar of protocol.ids, on both parts: no '..', no newline
+    with pytest.raises(RunError, match="not a run directory"):
+        resolve_run(root, str(root / "p"))  # an explicit path that holds no run
+
+
+def test_a_run_ref_is_a_name_before_it_is_a_folder_of_the_cwd(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clone in a folder named `rgt` once resolved ".." to its parent (which holds `rgt/`), and a
+    word naming a folder of the cwd shadowed the run of that id: refs are names first."""
+    root = tmp_path / "root"
+    one = make_run(root, "p/only-here")
+    make_run(root, "p/twice")
+    make_run(root, "q/twice")
+    cwd = tmp_path / "work" / "rgt"
+    cwd.mkdir(parents=True)
+    for shadow in ("twice", "only-here", "elsewhere"):
+        (cwd / shadow / "rgt").mkdir(parents=True)
+        (cwd / shadow / "run.json").write_text("{}")
+    monkeypatch.chdir(cwd)
+    with pytest.raises(RunError, match="several projects"):
+        resolve_run(root, "twice")
+    assert resolve_run(root, "only-here") == one.resolve()
+    with pytest.raises(RunError, match="no run"):
+        resolve_run(root, "elsewhere")
+    for up in ("..", "."):
+        with pytest.raises(RunError, match="no run"):
+            resolve_run(root, up)
+    assert resolve_run(root, "./elsewhere") == (cwd / "elsewhere").resolve()  # explicit: a path
+    assert resolve_run(root, "../rgt/twice") == (cwd / "twice").resolve()
+    with pytest.raises(RunError, match="not a run directory"):
+        resolve_run(root, "../rgt")   # the cwd, written as a path: it holds no run
 
 
 def test_stop_never_signals_a_recycled_pid(tmp_path: Path, sleepers: List[subprocess.Popen]) -> None:
