@@ -24,6 +24,7 @@ import pytest
 
 from onbox.deadman import daemon, lease
 from onbox.runs import wait_for
+from onbox.sidecar.journal import read_all
 from tests.e2e.lives_box import (
     HOG,
     TORCHRUN,
@@ -261,17 +262,23 @@ def test_a_box_reboot_wakes_once_as_a_vanished_job(on_box: Rgt, sshbox: SshBox,
     run, run_dir = answer["run_id"], Path(answer["run_dir"])
     wait_step(run, 20)
     sshbox.stop()
+    again = None
     try:
         wrapper = power_cut(run_dir)
         as_if_rebooted(run_dir)
-    finally:
+        # The box's start-up serves the run again, and the link comes back once it has said the job
+        # vanished: the controller then meets a sidecar that answers. Started after the link, a
+        # sidecar slower than 3 heartbeats (the suite's load) woke the watch as `sidecar.silent`.
+        again = serve_again(run_dir, wrapper, sshbox.home)
+        wait_until(lambda: [e for e in read_all(run_dir / "rgt") if e["kind"] == "job.exited"
+                            and e["data"].get("vanished") is True], 60, "the restarted sidecar's job.exited")
         sshbox.start()
-    again = serve_again(run_dir, wrapper, sshbox.home)
-    try:
         woke = s.watch(run)
         s.watch(run)
     finally:
-        end_child(again)
+        sshbox.start()
+        if again is not None:
+            end_child(again)
     s.expect("10", "10r")
     assert kind_of(woke) == "job.exited", woke
     data = woke["event"]["data"]

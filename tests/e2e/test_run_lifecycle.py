@@ -52,12 +52,17 @@ def metric_lines(run_dir: Path) -> List[Dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def test_nan_is_reported_within_a_second_of_the_line(rig: Rig) -> None:
+def test_nan_is_reported_once_after_its_line(rig: Rig) -> None:
+    """The NaN is journaled after the line that carried it, critical, naming its step, and once
+    though every later line is NaN too. How soon is bench/wake_latency.py's (p99 target 1 s): a
+    bound here would measure the suite's load, not the sidecar."""
     res = rig.launch([*TRAIN, "--steps", "400", "--nan-at", "100", "--step-seconds", "0.01"])
     ev = first(res.run_dir, "train.nonfinite")
     line = next(m for m in metric_lines(res.run_dir) if m["loss"] == "nan")
-    assert ev["sev"] == "critical"
-    assert 0 <= ev["ts"] - line["time"] < 1.0, (ev, line)
+    assert ev["sev"] == "critical" and ev["data"]["step"] == line["step"] == 100, (ev, line)
+    assert ev["ts"] >= line["time"], (ev, line)
+    first(res.run_dir, "job.exited", 60)
+    assert len(events(res.run_dir, "train.nonfinite")) == 1, events(res.run_dir, "train.nonfinite")
 
 
 def test_a_hung_job_is_reported_within_three_step_intervals(rig: Rig) -> None:
