@@ -56,11 +56,14 @@ typecheck: $(STAMP)
 # module's fixture on one worker (tests/conftest.py). The bytecode is compiled first: the
 # environment may forbid writing it (PYTHONDONTWRITEBYTECODE), and then every process a test
 # starts would compile its imports again. -rs: every skipped test says why at the end (here, the
-# real-GPU tests and whatever this machine lacks).
+# real-GPU tests and whatever this machine lacks). tests/rerun.py runs pytest and then each failed
+# test once more, alone: one that passes there is printed FLAKY and does not fail the run (a bug
+# to fix all the same; bench/suite_series.py counts it as a failure). Reports in .test-reports/.
 WORKERS ?= $${PYTEST_WORKERS:-6}
+RERUN = python -m tests.rerun --report .test-reports/$(1).json --
 pytest: $(STAMP) system-deps
 	$(BIN)/python -m compileall -q protocol rgtlib onbox controller profiles tests scripts
-	$(BIN)/pytest -q -rs -n $(WORKERS) --dist loadgroup --durations=15
+	$(BIN)/$(call RERUN,main) -q -rs -n $(WORKERS) --dist loadgroup --durations=15
 
 # protocol/, onbox/ and the controller must run on the old Pythons of rental images and laptops.
 # vermin and ruff's py39 target catch syntax; this runs their tests on a real 3.9 when the machine
@@ -99,7 +102,7 @@ py39:
 		$(MAKE) --no-print-directory $(VENV39)/.installed && \
 		$(VENV39)/bin/python -m compileall -q protocol rgtlib onbox controller profiles tests && \
 		$(VENV39)/bin/rgt --help >/dev/null && \
-		$(VENV39)/bin/python -m pytest -q -p tests.click81 -n $(WORKERS) --dist loadgroup $(PY39_TESTS); \
+		$(VENV39)/bin/$(call RERUN,py39) -q -p tests.click81 -n $(WORKERS) --dist loadgroup $(PY39_TESTS); \
 	else echo "py39: no python3.9 here; vermin and ruff (target py39) are the 3.9 check"; fi
 
 # pytest rewrites the asserts of each test module in each xdist worker: 8 s of CPU per worker
@@ -133,4 +136,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/sidecar_overhead.py
 
 clean:
-	rm -rf $(VENV) $(VENV39) $(WHEELHOUSE) $(INSTALL_LOCK) .pytest_cache .mypy_cache .ruff_cache .demo
+	rm -rf $(VENV) $(VENV39) $(WHEELHOUSE) $(INSTALL_LOCK) .test-reports .pytest_cache .mypy_cache .ruff_cache .demo
