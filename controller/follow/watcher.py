@@ -41,7 +41,7 @@ import threading
 import time
 from concurrent.futures import Executor, Future
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 from protocol import Event
 from protocol.endpoints import Endpoints
@@ -500,12 +500,19 @@ class Watcher:
         except Exception:  # a verdict about the group must never cost this stream its watcher
             log.exception("run %s: checking its group %s failed", self.run, self._group)
 
+    def _silent_s(self) -> Tuple[float, float]:
+        with self._lock:
+            return self._mono() - self._last_event, SILENT_INTERVALS * self._heartbeat_s
+
     def _check_silence(self, store: Store) -> None:
         if not self.link_up:
             return
-        with self._lock:
-            silent_s = self._mono() - self._last_event
-            budget = SILENT_INTERVALS * self._heartbeat_s
+        silent_s, budget = self._silent_s()
+        if silent_s >= budget and not self._silent and self.sub is not None:
+            # What arrived while this process was not scheduled (a busy laptop, another run's long
+            # step) is not silence: take it first, then judge.
+            self.step()
+            silent_s, budget = self._silent_s()
         if silent_s >= budget and not self._silent:
             self._silent = True
             store.add_local_event(self.run, "sidecar.silent", "warn",
