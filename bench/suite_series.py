@@ -5,21 +5,27 @@ CI loses the whole landing to it. This clones the repository at a revision (a fr
 has), then runs `.ci/run` there N times in a row, each beside --burners processes spinning
 `while True: pass`, and records each run's wall time, result and pytest's closing lines.
 
-    .venv/bin/python bench/suite_series.py [--runs 10] [--burners 1] [--rev HEAD] [--keep-going]
+    .venv/bin/python bench/suite_series.py [--runs 10] [--burners 2] [--rev HEAD] [--keep-going]
 
 The first run sets up the clone's venvs (what a fresh clone costs); later runs keep them and
 remove everything else git ignores (`git clean -xdf` but the venvs and the wheelhouse), as a
 second CI run on the same machine would. A run counts as passed only when `make test` passed with
 no test printed FLAKY (failed, then passed on its lone re-run: tests/rerun.py). Stops at the first
-failure unless --keep-going. Prints
-a table and writes bench/results/suite_series.json (after every run), each run's output beside it
-in bench/results/suite_series/run-N.log. Ends the busy loops it started, by pid; on SIGTERM or
-Ctrl-C it also interrupts the run in progress (SIGINT to its process group, so pytest's fixtures
-end what the tests started) and waits for it.
+failure unless --keep-going. Prints a table and writes bench/results/suite_series.json (after
+every run), each run's output beside it in bench/results/suite_series/run-N.log.
+
+Each run is also appended, as one JSON line, to the tracked bench/series/suite_series.jsonl
+(commit it): runs add up across sessions and days, and the closing line counts the green runs in
+a row at its end under load (two busy loops or more; a quieter run neither counts nor breaks it).
+
+Ends the busy loops it started, by pid; on SIGTERM or Ctrl-C it also interrupts the run in
+progress (SIGINT to its process group, so pytest's fixtures end what the tests started) and
+waits for it.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -36,6 +42,8 @@ from boxrig import REPO, RESULTS, write_results
 from controller.render import table
 
 KEEP = (".venv", ".venv39", ".wheelhouse")
+# Every run ever made, one JSON line each, in the repository: runs add up across sessions and days.
+RECORD = REPO / "bench" / "series" / "suite_series.jsonl"
 # pytest's closing line, e.g. "2506 passed, 3 skipped in 536.21s (0:08:56)" or "1 failed, 2505 passed ..."
 SUMMARY = re.compile(r"^=*\s*((?:\d+ \w+(?:, )?)+) in ([\d.]+)s", re.M)
 
@@ -74,10 +82,40 @@ def one_run(repo: Path, burners: int, log: Path) -> Dict[str, Any]:
             "legs": legs, "failed": failed, "flaky": flaky, "log": str(log.relative_to(REPO))}
 
 
+def append_record(record: Path, rev: str, burners: int, r: Dict[str, Any]) -> None:
+    """One line for this run: when, at which revision, beside how many busy loops, and its result."""
+    line = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rev": rev, "burners": burners,
+            "cores": os.cpu_count(), **{k: r[k] for k in ("ok", "rc", "wall_s", "legs", "failed", "flaky")}}
+    record.parent.mkdir(parents=True, exist_ok=True)
+    with record.open("a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
+
+
+def green_streak(record: Path, min_burners: int = 2) -> int:
+    """How many runs in a row at the end of the record passed with no FLAKY test, each beside at
+    least `min_burners` busy loops (a quieter run neither counts nor breaks the streak)."""
+    streak = 0
+    try:
+        lines = record.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(row, dict) or (row.get("burners") or 0) < min_burners:
+            continue
+        streak = streak + 1 if row.get("ok") is True else 0
+    return streak
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10)
-    ap.add_argument("--burners", type=int, default=1, help="busy loops beside each run (default 1)")
+    ap.add_argument("--burners", type=int, default=2, help="busy loops beside each run (default 2)")
+    ap.add_argument("--record", type=Path, default=RECORD,
+                    help=f"the tracked record each run is appended to (default {RECORD.relative_to(REPO)})")
     ap.add_argument("--rev", default="HEAD", help="the revision to clone (default HEAD)")
     ap.add_argument("--keep-going", action="store_true", help="go on after a failed run")
     args = ap.parse_args()
@@ -95,6 +133,7 @@ def main() -> int:
                                check=True)
             r = {"run": n, **one_run(repo, args.burners, logs / f"run-{n}.log")}
             runs.append(r)
+            append_record(args.record, rev, args.burners, r)
             legs = "; ".join(f"{leg['counts']} in {leg['seconds']:.0f}s" for leg in r["legs"])
             named = " ".join([*r["failed"], *(f"FLAKY {t}" for t in r["flaky"])])
             print(f"run {n}: rc {r['rc']}, {r['wall_s']:.0f} s: {legs} {named}", flush=True)
@@ -107,6 +146,8 @@ def main() -> int:
              "; ".join(leg["counts"] for leg in r["legs"])] for r in runs]
     print(table(["RUN", "RESULT", "WALL", "PYTEST LEGS"], rows))
     print(f"{passed} of {len(runs)} passed at {rev}; results in {RESULTS / 'suite_series.json'}")
+    print(f"green in a row under load (>= 2 busy loops), by {args.record.relative_to(REPO)}: "
+          f"{green_streak(args.record)}")
     return 0 if passed == len(runs) == args.runs else 1
 
 
