@@ -70,7 +70,12 @@ pytest: $(STAMP) system-deps
 # has one (this kind's image ships it through pyenv): the controller's too, with
 # tests/controller/test_python_floor.py (every module imported, every command's --help, the
 # one-line refusal below the floor). About 2 minutes on 2 cores.
-PY39 ?= $(or $(lastword $(wildcard $(HOME)/.pyenv/versions/3.9.*/bin/python3.9)),python3.9)
+# Found by the shell, not $(wildcard): a HOME with a space would split into two words there. The
+# value is shell text, single-quoted, as the recipes use it unquoted ($(PY39) -m venv ...).
+ifndef PY39
+PY39 := $(or $(shell for p in "$$HOME"/.pyenv/versions/3.9.*/bin/python3.9; do [ -x "$$p" ] && last=$$p; done; \
+	[ -n "$${last:-}" ] && printf "'%s'" "$$last"),python3.9)
+endif
 VENV39 := .venv39
 # The base dependencies, what the controller's tests use besides (the [plot] extra, PyYAML, a
 # setuptools that builds the wheel `rgt install` ships) and the package itself, editable: the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -24,6 +25,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.sshbox import SshBox  # noqa: E402
+
+# `rgt hosts add --onbox` takes shell text: this checkout's sidecar CLI, its path quoted.
+ONBOX = shlex.join([sys.executable, "-m", "onbox.cli"])
 
 RESULTS = REPO / "bench" / "results"
 
@@ -41,7 +45,7 @@ class BoxRig:
     def __enter__(self) -> BoxRig:
         self.box.start()
         self.env["RGT_SSH_CONFIG"] = str(self.box.config_file)
-        self.call("hosts", "add", "box", "--ssh", self.box.alias, "--onbox", f"{sys.executable} -m onbox.cli")
+        self.call("hosts", "add", "box", "--ssh", self.box.alias, "--onbox", ONBOX)
         return self
 
     def call(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -58,7 +62,7 @@ class BoxRig:
         config.write_text("\n".join(blocks))
         self.env["RGT_SSH_CONFIG"] = str(config)
         for name in names:
-            self.call("hosts", "add", name, "--ssh", name, "--onbox", f"{sys.executable} -m onbox.cli",
+            self.call("hosts", "add", name, "--ssh", name, "--onbox", ONBOX,
                       "--root", str(self.box.home / name))
 
     def launch(self, *command: str, onbox_args: Tuple[str, ...] = (), host: str = "box",

@@ -4,6 +4,7 @@ from __future__ import annotations
 import collections
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -57,6 +58,16 @@ def wait_until(predicate: Callable[[], T], timeout_s: float = 10.0, what: str = 
 
 def onbox_cmd(*args: str) -> List[str]:
     return [sys.executable, "-m", "onbox.cli", *args]
+
+
+def exec_script(path: Path, argv: List[str]) -> Path:
+    """A /bin/sh script at `path` that execs `argv` with its own arguments after them: a command
+    by one plain name (on PATH, in a file) whatever the paths in argv hold (a space, a non-ASCII
+    letter: a checkout or venv anywhere). argv is quoted for the shell word by word."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\nexec {shlex.join(argv)} "$@"\n')
+    path.chmod(0o755)
+    return path
 
 
 def rgt_cmd(*args: str) -> List[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, List
@@ -96,7 +97,7 @@ def test_eval_options_reach_the_metric_proof(tmp_path: Path) -> None:
     script.write_text("import json; print(json.dumps({'acc': 0.75}))\n")
     (run / "metrics.jsonl").write_text('{"step": 200, "acc": 0.7}\n')
     write_manifest(run, entries_of(run))
-    cmd = f"{sys.executable} {script} {{ckpt}}"
+    cmd = shlex.join([sys.executable, str(script), "{ckpt}"])
     res = rgt(str(run), "--eval-cmd", cmd, "--metric", "acc", "--tolerance", "0.1")
     assert res.exit_code == 0, res.output
     assert "step 200: 0.75 vs reported 0.7" in res.stdout

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -137,7 +138,7 @@ def test_a_hostile_box_answer_is_printed_escaped(home: Path, tmp_path: Path,
     script = tmp_path / "fake_onbox.py"
     script.write_text(FAKE_ONBOX)
     with Store.open() as store:
-        store.add_host("local", ssh="", onbox=f"{sys.executable} {script}")
+        store.add_host("local", ssh="", onbox=shlex.join([sys.executable, str(script)]))
     shown = rgt("deadman", "local", "status")
     assert shown.returncode == 0, shown.stderr
     assert not any(c in shown.stdout for c in UNSAFE), shown.stdout

@@ -8,6 +8,7 @@ one would fail.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -367,9 +368,14 @@ def test_check_version_and_the_box_handle(tmp_path: Path) -> None:
         assert Box.of(store, "plain").onbox == "rgt-onbox"
         assert Box.of(store, "custom").onbox == "~/env/bin/rgt-onbox"
         assert Box.of(store, "done").onbox == "/home/u/.rgt/venv/bin/rgt-onbox"
+        store.add_host("spaced", ssh="spaced")
+        store.set_installed("spaced", {"version": PACKAGE_VERSION, "onbox": "/home/u/my rgt é/bin/rgt-onbox"})
+        assert shlex.split(Box.of(store, "spaced").onbox) == ["/home/u/my rgt é/bin/rgt-onbox"]
         assert Box.of(store, "custom").profile == "autodl" and Box.of(store, "plain").profile == ""
         local = Box.of(store, "local")  # this machine, also when not stored
-        assert local.onbox.startswith(sys.executable) and local.record["name"] == "local"
+        # shell text, each word quoted: this Python's path may hold a space or a non-ASCII letter
+        assert shlex.split(local.onbox) == [sys.executable, "-m", "onbox.cli"]
+        assert local.record["name"] == "local"
         assert isinstance(local.shell, LocalShell) and local.shell is local.shell  # made once, kept
         assert local.check_version() == PACKAGE_VERSION
         done, answer = local.run_onbox(["--version"])

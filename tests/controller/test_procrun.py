@@ -1,6 +1,7 @@
 """Every command rgt runs has bounded output: a box that prints without end is ended, not buffered."""
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 
@@ -49,5 +50,6 @@ def test_the_deadline_still_holds() -> None:
 def test_through_a_shell_the_flood_is_an_ssh_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(procrun, "MAX_OUTPUT_BYTES", 1 << 20)
     with pytest.raises(ssh.SshError, match="it was ended"):
-        ssh.LocalShell().run(f"{sys.executable} -c \"import sys\nwhile True: sys.stdout.write('x' * 65536)\"",
+        ssh.LocalShell().run(shlex.join([sys.executable, "-c",
+                                         "import sys\nwhile True: sys.stdout.write('x' * 65536)"]),
                              timeout_s=60)

@@ -39,8 +39,7 @@ LAPTOP = [sys.executable, "-c", "open('ran.txt', 'w').write('the laptop command'
 EVIL = [sys.executable, "-c", "import os; open('stolen.txt', 'w').write(os.environ.get('HF_TOKEN', 'none'))"]
 TOKEN = "hf_not_a_real_token_0123456789"
 
-FAKE_ONBOX = '''#!{python}
-import json, os, subprocess, sys
+FAKE_ONBOX = '''import json, os, subprocess, sys
 from pathlib import Path
 
 here = Path({here!r})
@@ -69,10 +68,9 @@ class Box:
         self.where = where
         where.mkdir(parents=True, exist_ok=True)
         self.script = where / "rgt-onbox"
-        self.script.write_text(FAKE_ONBOX.format(python=sys.executable, here=str(where),
-                                                 version=PACKAGE_VERSION))
-        self.script.chmod(0o755)
-        store.add_host("local", ssh="", onbox=shlex.quote(str(self.script)))
+        self.script.write_text(FAKE_ONBOX.format(here=str(where), version=PACKAGE_VERSION))
+        # Run by this Python, by name (a #! line cannot hold a path with a space).
+        store.add_host("local", ssh="", onbox=shlex.join([sys.executable, str(self.script)]))
 
     def asked(self) -> List[Dict[str, Any]]:
         path = self.where / "asked.jsonl"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
 import signal
 import socket
 import stat
@@ -147,7 +148,7 @@ def test_options_are_strict_and_name_the_control_path(ssh: Ssh, sshbox: SshBox) 
 def test_stdin_round_trips_bytes_and_never_reaches_argv(sshbox: SshBox, tmp_path: Path) -> None:  # noqa: F811
     argv_log = tmp_path / "argv.log"
     wrapper = tmp_path / "ssh-wrapper"
-    wrapper.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" >> {argv_log}\nexec ssh \"$@\"\n")
+    wrapper.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" >> {shlex.quote(str(argv_log))}\nexec ssh \"$@\"\n")
     wrapper.chmod(0o755)
     ssh = sshbox.ssh(tmp_path / "ctl", ssh_bin=str(wrapper))
     secret = b"hf_SECRET-token-5d1c0e"

@@ -33,7 +33,7 @@ from tests.sshbox import SshBox, sshbox
 __all__ = ["sshbox"]
 
 RUN = "run-a"
-ONBOX = f"{sys.executable} -m onbox.cli"
+ONBOX = shlex.join([sys.executable, "-m", "onbox.cli"])
 RECORDER = """\
 import json, sys
 raw = open("/proc/self/environ", "rb").read().decode()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import sys
 import threading
 from pathlib import Path
@@ -336,7 +337,7 @@ def eval_script(tmp_path: Path, loss: float) -> str:
         "assert len(sys.argv) == 2 and os.path.isfile(sys.argv[1]), sys.argv\n"
         "print(json.dumps({'loss': 99.0}))\nprint('evaluating...')\n"
         f"print(json.dumps({{'loss': {loss!r}, 'acc': 0.5}}))\n")
-    return f"{sys.executable} {script} {{ckpt}}"
+    return shlex.join([sys.executable, str(script), "{ckpt}"])
 
 
 def calls(tmp_path: Path) -> List[List[str]]:

@@ -7,6 +7,7 @@ safetensors files, the real seam child where a torch file must be loaded."""
 from __future__ import annotations
 
 import json
+import shlex
 import struct
 import sys
 from pathlib import Path
@@ -81,7 +82,7 @@ def eval_that_loads_everything(tmp_path: Path) -> str:
         "    if name.endswith('.pt'):\n"
         "        torch.load(os.path.join(top, name), weights_only=False)\n"
         "print(json.dumps({'loss': 0.125}))\n")
-    return f"{sys.executable} {script} {{ckpt}}"
+    return shlex.join([sys.executable, str(script), "{ckpt}"])
 
 
 def test_the_eval_never_sees_a_file_that_failed_safe_load_and_verify_fails(tmp_path: Path,

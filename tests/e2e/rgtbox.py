@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ from tests.helpers import REPO, end_box_side, rgt_cmd
 from tests.sshbox import SshBox
 
 TRAIN = [sys.executable, str(REPO / "scripts" / "train_tiny.py")]
-ONBOX = f"{sys.executable} -m onbox.cli"
+ONBOX = shlex.join([sys.executable, "-m", "onbox.cli"])   # shell text: the path may hold spaces
 # Fast heartbeats, no kernel log, no pre-flight, a sidecar that ends with its job, no dead-man
 # (a test that wants one arms it itself).
 TEST_ONBOX_ARGS = ["--onbox-arg=--no-preflight", "--onbox-arg=--sidecar-linger=0s",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import stat
 from pathlib import Path
@@ -45,7 +46,7 @@ source = "the test's box"
 stops_meter = true
 deletes = "nothing"
 reversible = true
-box_command = "{recorder} stop {{host}}"
+box_command = "{shlex.quote(str(recorder))} stop {{host}}"
 verified = "2026-11"
 source = "a recorder, never a provider"
 
@@ -63,7 +64,7 @@ def box(sshbox: SshBox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     renews every second; the dead-man is disarmed and its daemon gone at the end."""
     profiles_dir = sshbox.root / "profiles"
     recorder, record = sshbox.root / "recorder.sh", sshbox.root / "recorded.txt"
-    recorder.write_text(f'#!/bin/sh\necho "$@" >> {record}\n')
+    recorder.write_text(f'#!/bin/sh\necho "$@" >> {shlex.quote(str(record))}\n')
     recorder.chmod(recorder.stat().st_mode | stat.S_IXUSR)
     write_profile(profiles_dir, recorder, sshbox.home)
     sshbox.env.update({"RGT_DEADMAN_TIMESCALE": f"{SCALE:g}", "RGT_DEADMAN_TICK_S": "0.2",

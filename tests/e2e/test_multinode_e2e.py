@@ -25,13 +25,14 @@ from controller.store.db import Store
 from onbox.runs import read_json, run_status
 from onbox.stop import stop_run
 from tests.e2e.rgtbox import Rgt
-from tests.helpers import REPO, wait_until
+from tests.helpers import REPO, exec_script, wait_until
 
 pytestmark = pytest.mark.e2e
 
 SBATCH = REPO / "examples" / "slurm" / "train.sbatch"
 FAKESLURM = REPO / "tests" / "e2e" / "fakeslurm"
 NODE_JOB = REPO / "tests" / "e2e" / "data" / "node_job.py"
+NODE_JOB_CMD = "rgt-test-node-job"   # NODE_JOB under this python, on PATH (Allocation)
 # Options a test box needs (see rgtbox.TEST_ONBOX_ARGS): fast heartbeats, no pre-flight, no GPU.
 LAUNCH_ARGS = ("--no-preflight --sidecar-linger=0s --probe none --serve-arg=--heartbeat=1 "
                "--serve-arg=--no-kmsg")
@@ -46,15 +47,14 @@ class Allocation:
                  launch_args: str = LAUNCH_ARGS) -> None:
         self.rgt, self.run, self.root = rgt, run, rgt.root
         bindir = tmp / "bin"
-        bindir.mkdir(exist_ok=True)
-        onbox = bindir / "rgt-onbox"
-        onbox.write_text(f"#!/bin/sh\nexec {sys.executable} -m onbox.cli \"$@\"\n")
-        onbox.chmod(0o755)
+        # An rgt-onbox of this checkout, and the job by one name: RGT_TRAIN_CMD is plain words.
+        exec_script(bindir / "rgt-onbox", [sys.executable, "-m", "onbox.cli"])
+        exec_script(bindir / NODE_JOB_CMD, [sys.executable, str(NODE_JOB)])
         self.env = {**os.environ, "PATH": f"{FAKESLURM}:{bindir}:{os.environ['PATH']}",
                     "PYTHONPATH": str(REPO),
                     "SLURM_JOB_ID": "81234", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "fakenode[0-1]",
                     "RGT_RUN": run, "RGT_ROOT": str(self.root), "RGT_DEADMAN": "off",
-                    "RGT_TRAIN_CMD": f"{sys.executable} {NODE_JOB}", "RGT_LAUNCH_ARGS": launch_args,
+                    "RGT_TRAIN_CMD": NODE_JOB_CMD, "RGT_LAUNCH_ARGS": launch_args,
                     "NODE_JOB": json.dumps(jobs)}
         self.log = tmp / "slurm-81234.out"
         self.proc: Optional[subprocess.Popen[bytes]] = None

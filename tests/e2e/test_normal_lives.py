@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import stat
 import sys
@@ -359,7 +360,7 @@ def late_box(sshbox: SshBox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     renews the lease late every time; disarmed and its daemon gone at the end."""
     profiles_dir = sshbox.root / "profiles"
     recorder = sshbox.root / "recorder.sh"
-    recorder.write_text(f'#!/bin/sh\necho "$@" >> {sshbox.root / "recorded.txt"}\n')
+    recorder.write_text(f'#!/bin/sh\necho "$@" >> {shlex.quote(str(sshbox.root / "recorded.txt"))}\n')
     recorder.chmod(recorder.stat().st_mode | stat.S_IXUSR)
     write_profile(profiles_dir, recorder, sshbox.home)
     sshbox.env.update({"RGT_DEADMAN_TIMESCALE": f"{SCALE:g}", "RGT_DEADMAN_TICK_S": "0.2",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -75,7 +76,7 @@ class Box:
         self.record = tmp / "recorded"
         recorder = self.bin / "recorder"
         line = 'echo "$* key=${LAMBDA_API_KEY:-none} other=${OTHER_VAR:-none}"'
-        recorder.write_text(f"#!/bin/sh\n{line} >> {self.record}\n")
+        recorder.write_text(f"#!/bin/sh\n{line} >> {shlex.quote(str(self.record))}\n")
         recorder.chmod(0o755)
         self.pdir = tmp / "profiles"
         self.pdir.mkdir()

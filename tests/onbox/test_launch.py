@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -504,7 +505,8 @@ def test_restart_backoff_grows_to_its_cap_and_resets(tmp_path: Path) -> None:
 def test_run_one_sh_passes_its_arguments_through(tmp_path: Path) -> None:
     fake = tmp_path / "fake-onbox"
     record = tmp_path / "args"
-    fake.write_text(f"#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done > {record}\nexit 7\n")
+    fake.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done"
+                    f" > {shlex.quote(str(record))}\nexit 7\n")
     fake.chmod(0o755)
     script = REPO / "scripts" / "run_one.sh"
     args = ["--project", "p", "--", "python", "train.py", "--name", "two words", "--token=$NOT_EXPANDED"]

@@ -29,7 +29,7 @@ from onbox.monitors import stacks as stack_capture
 from onbox.monitors.health import HealthMonitor, MonitorConfig
 from onbox.monitors.stacks import StackCapture, StallStacks, find_py_spy
 from protocol import MAX_EVENT_BYTES
-from tests.helpers import REPO, Recorder, wait_until
+from tests.helpers import REPO, Recorder, exec_script, wait_until
 
 DATA = Path(__file__).parent / "data" / "pyspy"
 DDP = REPO / "tests" / "frameworks" / "ddp_tiny.py"
@@ -234,9 +234,7 @@ def test_without_ptrace_permission_the_faulthandler_dump_is_used(tmp_path: Path)
     (tmp_path / "rgt").mkdir()
     hints = tmp_path / "rgt" / "hints.jsonl"
     as_nobody = tmp_path / "py-spy-as-nobody"
-    as_nobody.write_text(f'#!/bin/sh\nexec {setpriv} --reuid=nobody --regid=nogroup --clear-groups '
-                         f'{py_spy} "$@"\n')
-    as_nobody.chmod(0o755)
+    exec_script(as_nobody, [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups", py_spy])
     job = subprocess.Popen([sys.executable, "-c", FAULTHANDLER_JOB, str(tmp_path), str(hints)])
     try:
         wait_until(lambda: hints.exists() and hints.read_text().endswith("\n"), 30, "the hint")
@@ -255,9 +253,7 @@ def test_without_permission_or_hint_the_error_says_why(tmp_path: Path) -> None:
     if os.geteuid() != 0 or setpriv is None or py_spy is None:
         pytest.skip("needs root, setpriv and py-spy")
     as_nobody = tmp_path / "py-spy-as-nobody"
-    as_nobody.write_text(f'#!/bin/sh\nexec {setpriv} --reuid=nobody --regid=nogroup --clear-groups '
-                         f'{py_spy} "$@"\n')
-    as_nobody.chmod(0o755)
+    exec_script(as_nobody, [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups", py_spy])
     job = subprocess.Popen([sys.executable, "-c", "import threading\nthreading.Event().wait()"])
     try:
         [s] = StackCapture(tmp_path, py_spy=str(as_nobody)).capture(job.pid)

@@ -17,8 +17,8 @@ from typing import Any, Dict, List
 import pytest
 
 from onbox.sidecar.journal import read_all
-from tests.e2e.test_multinode_e2e import LAUNCH_ARGS, NODE_JOB, NODES, SBATCH  # the fake allocation's
-from tests.helpers import REPO, wait_until
+from tests.e2e.test_multinode_e2e import LAUNCH_ARGS, NODE_JOB, NODE_JOB_CMD, NODES, SBATCH
+from tests.helpers import REPO, exec_script, wait_until
 from tests.slurm.cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
@@ -37,14 +37,14 @@ def journal(stream_dir: Path) -> List[Dict[str, Any]]:
 def test_train_sbatch_runs_one_rgt_launch_per_node(slurm: SlurmCluster, tmp_path: Path) -> None:
     run, root = "slurm-train", tmp_path / "runs"
     bindir = tmp_path / "bin"
-    bindir.mkdir()
-    onbox = bindir / "rgt-onbox"   # rgt-onbox of this checkout, as `rgt install` puts one on a node
-    onbox.write_text(f'#!/bin/sh\nexec {sys.executable} -m onbox.cli "$@"\n')
-    onbox.chmod(0o755)
+    # rgt-onbox of this checkout, as `rgt install` puts one on a node; the job by one name on PATH
+    # (RGT_TRAIN_CMD is plain words, split on blanks).
+    exec_script(bindir / "rgt-onbox", [sys.executable, "-m", "onbox.cli"])
+    exec_script(bindir / NODE_JOB_CMD, [sys.executable, str(NODE_JOB)])
     jobs = {node: {"args": STEPS} for node in NODES}
     env = {**slurm.env, "PATH": f"{bindir}:{slurm.env['PATH']}", "PYTHONPATH": str(REPO),
            "RGT_RUN": run, "RGT_ROOT": str(root), "RGT_DEADMAN": "off",
-           "RGT_TRAIN_CMD": f"{sys.executable} {NODE_JOB}", "RGT_LAUNCH_ARGS": LAUNCH_ARGS,
+           "RGT_TRAIN_CMD": NODE_JOB_CMD, "RGT_LAUNCH_ARGS": LAUNCH_ARGS,
            "NODE_JOB": json.dumps(jobs)}
     job = slurm.sbatch(SBATCH, "--chdir", str(tmp_path), env=env, cwd=tmp_path)
     log = tmp_path / f"train-{job}.out"   # the script's --output=%x-%j.out

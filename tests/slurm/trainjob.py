@@ -19,11 +19,12 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from onbox.runs import read_json, run_status
 from onbox.sidecar.journal import read_all
-from tests.helpers import REPO, wait_until
+from tests.helpers import REPO, exec_script, wait_until
 from tests.slurm.cluster import SlurmCluster
 
 SBATCH = REPO / "examples" / "slurm" / "train.sbatch"
 NODE_JOB = REPO / "tests" / "e2e" / "data" / "node_job.py"
+NODE_JOB_CMD = "rgt-test-node-job"   # NODE_JOB under this python, on PATH (rgt_onbox)
 NODES = ("n0", "n1")   # `--node auto` names them from SLURM_NODEID
 # A test box's options (tests/e2e/rgtbox.py): fast heartbeats, no pre-flight, no GPU, no linger.
 LAUNCH_ARGS = ("--no-preflight --sidecar-linger=0s --probe none --serve-arg=--heartbeat=1 "
@@ -33,12 +34,11 @@ NODE_SHAPE: Dict[str, Any] = {"cpus": 32, "gpus": 8}
 
 
 def rgt_onbox(bindir: Path) -> Path:
-    """An `rgt-onbox` that runs this checkout, as `rgt install` puts one on a node."""
-    bindir.mkdir(parents=True, exist_ok=True)
-    onbox = bindir / "rgt-onbox"
-    onbox.write_text(f'#!/bin/sh\nexec {sys.executable} -m onbox.cli "$@"\n')
-    onbox.chmod(0o755)
-    return onbox
+    """An `rgt-onbox` that runs this checkout, as `rgt install` puts one on a node, and beside it
+    NODE_JOB_CMD, the per-node job: RGT_TRAIN_CMD is plain words (the script splits it on
+    blanks), so the job goes by one name on PATH, wherever this checkout and its Python lie."""
+    exec_script(bindir / NODE_JOB_CMD, [sys.executable, str(NODE_JOB)])
+    return exec_script(bindir / "rgt-onbox", [sys.executable, "-m", "onbox.cli"])
 
 
 class TrainJob:
@@ -48,7 +48,7 @@ class TrainJob:
         bindir = rgt_onbox(tmp / "bin").parent
         self.env = {**cluster.env, "PATH": f"{bindir}:{cluster.env['PATH']}", "PYTHONPATH": str(REPO),
                     "RGT_RUN": run, "RGT_ROOT": str(root), "RGT_DEADMAN": "off",
-                    "RGT_TRAIN_CMD": f"{sys.executable} {NODE_JOB}", "RGT_LAUNCH_ARGS": launch_args,
+                    "RGT_TRAIN_CMD": NODE_JOB_CMD, "RGT_LAUNCH_ARGS": launch_args,
                     "NODE_JOB": json.dumps(jobs)}
         self.job_id: Optional[str] = None
 
@@ -91,4 +91,5 @@ class TrainJob:
                           timeout_s, f"{node}'s {kind} #{count}\n{self.output()}")
 
 
-__all__ = ["LAUNCH_ARGS", "NODES", "NODE_JOB", "NODE_SHAPE", "SBATCH", "TrainJob", "rgt_onbox"]
+__all__ = ["LAUNCH_ARGS", "NODES", "NODE_JOB", "NODE_JOB_CMD", "NODE_SHAPE", "SBATCH", "TrainJob",
+           "rgt_onbox"]

@@ -1,6 +1,7 @@
 """One node's share of the test's multi-node job: scripts/train_tiny.py with this node's arguments.
 
-The e2e test runs examples/slurm/train.sbatch with RGT_TRAIN_CMD naming this file, and sets
+The e2e test runs examples/slurm/train.sbatch with RGT_TRAIN_CMD naming a script that runs
+this file (train.sbatch splits RGT_TRAIN_CMD on blanks; a path may hold one), and sets
 NODE_JOB to a JSON object {node: {"args": [train_tiny arguments], "exit": N}}; the node is
 RGT_NODE, which `rgt-onbox launch --node auto` sets. A train_tiny failure exits 1, the way a rank
 dies on an uncaught Python exception; "exit" is the code to end with once train_tiny finished

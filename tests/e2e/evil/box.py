@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ class EvilBox:
 
     @property
     def onbox(self) -> str:
-        return f"{sys.executable} {HERE / 'onbox.py'} {self.scenario}"
+        return shlex.join([sys.executable, str(HERE / 'onbox.py'), str(self.scenario)])
 
     @property
     def runs_root(self) -> Path:
