@@ -73,7 +73,7 @@ pytest: $(STAMP) system-deps
 # Found by the shell, not $(wildcard): a HOME with a space would split into two words there. The
 # value is shell text, single-quoted, as the recipes use it unquoted ($(PY39) -m venv ...).
 ifndef PY39
-PY39 := $(or $(shell for p in "$$HOME"/.pyenv/versions/3.9.*/bin/python3.9; do [ -x "$$p" ] && last=$$p; done; \
+PY39 := $(or $(shell for p in "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.9.*/bin/python3.9; do [ -x "$$p" ] && last=$$p; done; \
 	[ -n "$${last:-}" ] && printf "'%s'" "$$last"),python3.9)
 endif
 VENV39 := .venv39

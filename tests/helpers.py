@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import glob
 import os
 import re
 import shlex
@@ -68,6 +69,13 @@ def exec_script(path: Path, argv: List[str]) -> Path:
     path.write_text(f'#!/bin/sh\nexec {shlex.join(argv)} "$@"\n')
     path.chmod(0o755)
     return path
+
+
+def pyenv_glob(pattern: str) -> List[str]:
+    """pyenv's interpreters matching `pattern` under its versions/ ($PYENV_ROOT, else ~/.pyenv),
+    sorted: a HOME moved elsewhere (.ci/run) still finds the machine's pyenv through PYENV_ROOT."""
+    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    return sorted(glob.glob(os.path.join(glob.escape(root), "versions", pattern)))
 
 
 def rgt_cmd(*args: str) -> List[str]:

@@ -34,9 +34,17 @@ PYTEST_OK, PYTEST_FAILED = 0, 1
 # ---- the plugin: what failed, as it is reported (in xdist's controller too) --------------------
 
 
+_WORKER = [False]   # whether this process is an xdist worker (set at pytest_configure)
+
+
+def pytest_configure(config: Any) -> None:
+    # By the config, not $PYTEST_XDIST_WORKER: a suite run by a test inside a worker inherits that.
+    _WORKER[0] = hasattr(config, "workerinput")
+
+
 def _note(record: Dict[str, Any]) -> None:
     path = os.environ.get(FAILURES_ENV)
-    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+    if not path or _WORKER[0]:
         return   # workers' reports reach the controller, which notes them once
     with open(path, "a", encoding="utf-8") as out:
         out.write(json.dumps(record) + "\n")

@@ -8,7 +8,6 @@ always on this one with sys.version_info set just below the floor before the ent
 """
 from __future__ import annotations
 
-import glob
 import importlib
 import os
 import pkgutil
@@ -24,6 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 import controller
+from tests.helpers import pyenv_glob
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -93,7 +93,7 @@ def _old_pythons() -> List[str]:
     names = ["python2.7"] + [f"python3.{minor}" for minor in range(6, FLOOR[1])]
     for name in names:
         version = name[len("python"):]
-        candidates = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/{name}")))
+        candidates = pyenv_glob(f"{version}.*/bin/{name}")
         on_path = shutil.which(name)
         if on_path and "/.pyenv/shims/" not in on_path:  # a shim answers only for pyenv's selected versions
             candidates.append(on_path)

@@ -15,6 +15,7 @@ import pytest
 
 from onbox import report
 from onbox.sources.metrics import MetricsSource
+from tests.helpers import pyenv_glob
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -214,7 +215,7 @@ def test_importing_report_pulls_in_nothing_heavy() -> None:
 
 
 def _python39() -> str:
-    found = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.9.*/bin/python3.9")))
+    found = pyenv_glob("3.9.*/bin/python3.9")
     return found[-1] if found else ""
 
 
