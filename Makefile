@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # torch: exactly the CPU wheel that lies on local disk (an unpinned torch is a ~3 GB CUDA build);
 # the [torch] extra pins the same version.
 
-.PHONY: demo test lint typecheck pytest py39 venv39 rewrite-cache rewrite-cache39 bench system-deps clean
+.PHONY: demo test test-fast lint typecheck pytest py39 venv39 rewrite-cache rewrite-cache39 bench system-deps clean
 
 # The box's dependencies as wheels for this Python, fetched once while the venv is set up:
 # the end-to-end tests install onto a "box" that has no index (`rgt install --wheelhouse`).
@@ -132,6 +132,14 @@ test:
 	@$(MAKE) --no-print-directory -j3 $(STAMP) venv39 system-deps
 	@$(MAKE) --no-print-directory -j3 lint typecheck rewrite-cache rewrite-cache39
 	@$(MAKE) --no-print-directory pytest py39
+
+# The inner loop while changing one area, never instead of `make test`: ruff, then the tests
+# outside tests/e2e and tests/slurm less the heaviest files (marked slow in tests/conftest.py).
+# About a minute on 2 cores once .venv exists.
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q -n 4 -m "not e2e and not slurm and not gpu and not slow" --ignore=tests/e2e \
+		--ignore=tests/slurm --ignore=tests/frameworks
 
 demo: $(STAMP) system-deps
 	$(BIN)/python scripts/demo.py

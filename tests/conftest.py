@@ -103,10 +103,35 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SharedFixtureScheduling(config, log)
 
 
+# The files outside tests/e2e and tests/slurm that cost the most (stock frameworks trained, real
+# sidecars, daemons and box processes): marked `slow`, left out of `make test-fast` only. Measured
+# with --durations=0 (the 30 heaviest, ~630 of the ~730 test-seconds outside e2e and Slurm).
+SLOW_FILES = frozenset({
+    "onbox/test_integrations.py", "onbox/test_framework_signals.py", "onbox/test_custody_units.py",
+    "controller/test_verify_frameworks.py", "controller/test_verify.py", "onbox/test_launch.py",
+    "test_rerun.py", "onbox/test_sidecar.py", "controller/test_compare.py", "onbox/test_resume_dirs.py",
+    "controller/test_watcher_end.py", "onbox/test_stacks.py", "controller/test_daemon.py",
+    "controller/test_deadman_cli.py", "onbox/test_deadman_clock.py", "onbox/test_follow.py",
+    "onbox/test_preempt.py", "controller/test_identity.py", "onbox/test_deadman_daemon.py",
+    "controller/test_teardown.py", "controller/test_subscriber.py", "controller/test_rehearse.py",
+    "onbox/test_secrets_onbox.py", "onbox/test_sidecar_fuzz.py", "onbox/test_close.py",
+    "controller/test_install.py", "controller/test_verify_hostile.py", "controller/test_explain_cache.py",
+    "controller/test_compare_seeds.py", "onbox/test_nvml_stub.py",
+})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
     """Hand out the end-to-end tests and the real Slurm cluster's first: they are the long ones (the
     Slurm time-limit test alone waits ~90 s for its warning), and the many short tests then fill the
-    workers' tails instead of one long test starting last."""
+    workers' tails instead of one long test starting last. The SLOW_FILES' tests are marked slow."""
+    here = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            rel = item.path.resolve().relative_to(here).as_posix()
+        except ValueError:
+            continue
+        if rel in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: 0 if {"e2e", "slurm"} & set(item.path.parts) else 1)
 
 

@@ -148,3 +148,12 @@ FORBIDDEN = [("sources", "monitors"), ("detectors", "monitors"), ("custody", "si
 @pytest.mark.parametrize("mine, theirs", FORBIDDEN)
 def test_the_onbox_table_refuses_the_arrows_the_layout_forbids(mine: str, theirs: str) -> None:
     assert theirs not in ONBOX_ALLOWED[mine]
+
+
+def test_every_file_marked_slow_exists() -> None:
+    """make test-fast leaves out tests/conftest.py's SLOW_FILES: a renamed file must not fall out
+    of that list silently (and so come back into the quick loop with its minutes)."""
+    from tests.conftest import SLOW_FILES
+
+    here = Path(__file__).resolve().parent
+    assert sorted(f for f in SLOW_FILES if not (here / f).is_file()) == []
