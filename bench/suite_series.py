@@ -12,7 +12,8 @@ remove everything else git ignores (`git clean -xdf` but the venvs and the wheel
 second CI run on the same machine would. A run counts as passed only when `make test` passed with
 no test printed FLAKY (failed, then passed on its lone re-run: tests/rerun.py). Stops at the first
 failure unless --keep-going. Prints a table and writes bench/results/suite_series.json (after
-every run), each run's output beside it in bench/results/suite_series/run-N.log.
+every run), each run's output beside it in bench/results/suite_series/<UTC time>-<rev>-run<N>.log
+(named so that a later series never writes over an earlier one's logs).
 
 Each run is also appended, as one JSON line, to the tracked bench/series/suite_series.jsonl
 (commit it): runs add up across sessions and days, and the closing line counts the green runs in
@@ -131,7 +132,8 @@ def main() -> int:
             if n > 1:
                 subprocess.run(["git", "-C", str(repo), "clean", "-q", "-xdf", *(f"-e{k}" for k in KEEP)],
                                check=True)
-            r = {"run": n, **one_run(repo, args.burners, logs / f"run-{n}.log")}
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            r = {"run": n, **one_run(repo, args.burners, logs / f"{stamp}-{rev}-run{n}.log")}
             runs.append(r)
             append_record(args.record, rev, args.burners, r)
             legs = "; ".join(f"{leg['counts']} in {leg['seconds']:.0f}s" for leg in r["legs"])
