@@ -7,9 +7,9 @@ has), then runs `.ci/run` there N times in a row, each beside --burners processe
 
     .venv/bin/python bench/suite_series.py [--runs 10] [--burners 2] [--rev HEAD] [--keep-going]
 
-The first run sets up the clone's venvs (what a fresh clone costs); later runs keep them and
-remove everything else git ignores (`git clean -xdf` but the venvs and the wheelhouse), as a
-second CI run on the same machine would. A run counts as passed only when `make test` passed with
+Between runs the clone is cleaned (`git clean -xdf` but its venvs and wheelhouse). `.ci/run`
+itself clones again under an odd path and builds that clone's venvs every run (pip's cache warm
+after the first), as CI does on a fresh machine. A run counts as passed only when `make test` passed with
 no test printed FLAKY (failed, then passed on its lone re-run: tests/rerun.py). Stops at the first
 failure unless --keep-going. Prints a table and writes bench/results/suite_series.json (after
 every run), each run's output beside it in bench/results/suite_series/<UTC time>-<rev>-run<N>.log
