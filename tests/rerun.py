@@ -3,7 +3,7 @@
     python -m tests.rerun [--max-reruns N] [--report FILE] -- PYTEST_ARGS...
 
 The suite runs once with PYTEST_ARGS and this module loaded as a plugin (`-p tests.rerun`), which
-notes every test that failed (in setup, call or teardown) with the last line of its failure. When
+notes every test that failed (in setup, call or teardown) with the first `E` line of its failure. When
 the run fails only by such tests, each is run again on its own (`pytest NODEID`, no workers, the
 same `-p`/`-o` options), one after the other:
 
@@ -50,7 +50,8 @@ def _note(record: Dict[str, Any]) -> None:
         out.write(json.dumps(record) + "\n")
 
 
-def _last_line(report: Any) -> str:
+def _first_error(report: Any) -> str:
+    """The failure's first `E` line (its assertion or exception), else its last line."""
     text = str(getattr(report, "longreprtext", "") or "")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("E ")]
@@ -59,12 +60,12 @@ def _last_line(report: Any) -> str:
 
 def pytest_runtest_logreport(report: Any) -> None:
     if report.failed:
-        _note({"nodeid": report.nodeid, "when": report.when, "first": _last_line(report)})
+        _note({"nodeid": report.nodeid, "when": report.when, "first": _first_error(report)})
 
 
 def pytest_collectreport(report: Any) -> None:
     if report.failed:
-        _note({"nodeid": report.nodeid, "when": "collect", "first": _last_line(report)})
+        _note({"nodeid": report.nodeid, "when": "collect", "first": _first_error(report)})
 
 
 # ---- the runner ------------------------------------------------------------------------------------
