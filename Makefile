@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # torch: exactly the CPU wheel that lies on local disk (an unpinned torch is a ~3 GB CUDA build);
 # the [torch] extra pins the same version.
 
-.PHONY: demo test test-fast lint typecheck pytest py39 venv39 rewrite-cache rewrite-cache39 bench system-deps clean
+.PHONY: demo test test-setup test-checks test-fast lint typecheck pytest py39 venv39 rewrite-cache rewrite-cache39 bench system-deps clean
 
 # The box's dependencies as wheels for this Python, fetched once while the venv is set up:
 # the end-to-end tests install onto a "box" that has no index (`rgt install --wheelhouse`).
@@ -128,10 +128,15 @@ rewrite-cache39:
 # The two venvs are set up side by side (pip is half I/O); the suites then run one after the
 # other: with the 3.9 leg beside the main suite (make -j2) the whole took 13m31s against 12m28s
 # serial on this 2-core machine, the suites being CPU-bound enough not to overlap.
+# Its three phases are targets of their own, so bench/suite_time.py times each as make test runs it.
 test:
-	@$(MAKE) --no-print-directory -j3 $(STAMP) venv39 system-deps
-	@$(MAKE) --no-print-directory -j3 lint typecheck rewrite-cache rewrite-cache39
+	@$(MAKE) --no-print-directory test-setup
+	@$(MAKE) --no-print-directory test-checks
 	@$(MAKE) --no-print-directory pytest py39
+test-setup:
+	@$(MAKE) --no-print-directory -j3 $(STAMP) venv39 system-deps
+test-checks:
+	@$(MAKE) --no-print-directory -j3 lint typecheck rewrite-cache rewrite-cache39
 
 # The inner loop while changing one area, never instead of `make test`: ruff, then the tests
 # outside tests/e2e and tests/slurm less the heaviest files (marked slow in tests/conftest.py).

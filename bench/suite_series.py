@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from boxrig import REPO, RESULTS, write_results
@@ -56,20 +56,26 @@ def clone(rev: str, where: Path) -> str:
                           capture_output=True, text=True).stdout.strip()
 
 
+def run_logged(cmd: List[str], cwd: Path, log: Path, env: Optional[Dict[str, str]] = None) -> int:
+    """Run `cmd` in a session of its own, its output to `log`; its exit status. Interrupted (Ctrl-C,
+    SIGTERM), it sends SIGINT to the command's process group, so pytest's fixtures end what the
+    tests started, and waits for it."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+        try:
+            return proc.wait()
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait()
+            raise
+
+
 def one_run(repo: Path, burners: int, log: Path) -> Dict[str, Any]:
     spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(burners)]
     began = time.monotonic()
     try:
-        with log.open("wb") as out:
-            env = {**os.environ, "CI": "true"}
-            ci = subprocess.Popen(["bash", ".ci/run"], cwd=repo, stdin=subprocess.DEVNULL, stdout=out,
-                                  stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            try:
-                rc = ci.wait()
-            except BaseException:
-                os.killpg(ci.pid, signal.SIGINT)
-                ci.wait()
-                raise
+        rc = run_logged(["bash", ".ci/run"], repo, log, {**os.environ, "CI": "true"})
     finally:
         for p in spin:
             p.send_signal(signal.SIGKILL)
