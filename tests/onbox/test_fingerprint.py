@@ -7,7 +7,9 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import stat
+import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List
@@ -124,6 +126,49 @@ def test_packages_come_from_the_jobs_interpreter(tmp_path: Path) -> None:
     assert doc["error"] is None and doc["python"] == platform.python_version()
     assert doc["distributions"]["pytest"] == importlib.metadata.version("pytest")
     assert all(name == name.lower() and "_" not in name for name in doc["distributions"])
+
+
+# importlib.metadata's view from the same interpreter and sys.path, the first of a name winning
+# (the one `import` finds): what the listing must agree with, read the slow way.
+_IMPORTLIB_VIEW = """\
+import json
+from importlib import metadata
+dists = {}
+for d in metadata.distributions():
+    dists.setdefault(d.metadata["Name"] or "", d.version)
+print(json.dumps(dists))
+"""
+
+
+def _importlib_view(env: Dict[str, str], cwd: Path) -> Dict[str, str]:
+    done = subprocess.run([sys.executable, "-c", _IMPORTLIB_VIEW], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=60, check=True)
+    return {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in json.loads(done.stdout).items() if k}
+
+
+def test_the_package_listing_reads_each_header_as_importlib_metadata_does(tmp_path: Path) -> None:
+    """The listing reads only the head of each METADATA / PKG-INFO; what it lists matches
+    importlib.metadata's whole parse, here on odd layouts and on this interpreter's own packages."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    files = {
+        first / "Alpha_Pkg-1.0.dist-info" / "METADATA":   # a body that looks like headers is not read
+            "Metadata-Version: 2.1\nName: Alpha_Pkg\nVersion: 1.0\nSummary: a\n"
+            "\nName: not-this\nVersion: 9\n",
+        first / "dupe-1.0.dist-info" / "METADATA": "Metadata-Version: 2.1\nName: dupe\nVersion: 1.0\n",
+        second / "dupe-2.0.dist-info" / "METADATA": "Metadata-Version: 2.1\nName: dupe\nVersion: 2.0\n",
+        second / "beta.egg-info": "Metadata-Version: 1.1\nName: beta\nVersion: 0.3\n",   # an egg-info file
+        second / "gamma.egg-info" / "PKG-INFO": "Metadata-Version: 1.1\nName: gamma\nVersion: 2\n",
+    }
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (second / "empty-1.0.dist-info").mkdir()   # no METADATA: no name, not listed
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(first), str(second)])}
+    listed = list_packages(sys.executable, env, tmp_path)["distributions"]
+    assert {k: listed.get(k) for k in ("alpha-pkg", "dupe", "beta", "gamma")} == \
+        {"alpha-pkg": "1.0", "dupe": "1.0", "beta": "0.3", "gamma": "2"}
+    assert "not-this" not in listed and "empty" not in listed
+    assert listed == _importlib_view(env, tmp_path)
 
 
 def _script(path: Path, body: str) -> str:
