@@ -439,11 +439,13 @@ def rewritten(doc: Mapping[str, Any], records: Mapping[str, Record]) -> List[str
 _NOT_A_LOAD_FAILURE = ("ok", "skipped", "not loadable", "identity only")
 
 
-def judge_verified(report: Mapping[str, Any], problems: Sequence[str],
-                   stray: Sequence[str]) -> Tuple[bool, str]:
+def judge_verified(report: Mapping[str, Any], problems: Sequence[str], stray: Sequence[str],
+                   verifier_failures: Sequence[str] = ()) -> Tuple[bool, str]:
     """The rehearsal's safe load: the pull verifier's verdict (controller.verify.prove, `Report.to_dict()`)
     on a local pull of the run, plus what the rehearsal itself found (`problems`: rewritten after
-    the record, not copyable; `stray`: checkpoint files no custody record covers)."""
+    the record, not copyable; `stray`: checkpoint files no custody record covers). A failed verdict
+    whose cause none of those name (a save the box's custody judged suspect, a checkpoint removed by
+    something other than the job) is told in the verifier's own lines (`Report.failures()`)."""
     files = [f for f in report.get("files") or [] if isinstance(f, dict)]
     ckpts = [f for f in files if f.get("kind") == "checkpoint"]
     proofs = {k: v for k, v in (report.get("proofs") or {}).items() if isinstance(v, dict)}
@@ -462,7 +464,7 @@ def judge_verified(report: Mapping[str, Any], problems: Sequence[str],
     if not ckpts:
         failures.append("no checkpoint was recorded by the sidecar's custody")
     elif report.get("ok") is not True and not failures:
-        failures.append("rgt verify did not pass (no reason given)")
+        failures.extend(verifier_failures or ["rgt verify did not pass (no reason given)"])
     if failures:
         return False, f"{len(failures)} problem{'' if len(failures) == 1 else 's'}: {_names(failures, 2)}"
     loaded = sum(1 for f in ckpts if f.get("load") == "ok")

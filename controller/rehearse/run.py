@@ -461,7 +461,7 @@ class Rehearsal:
         (pulled / "rgt").mkdir(parents=True, exist_ok=True)
         shutil.copy2(self.rgt / "PULL_MANIFEST.json", pulled / "rgt" / "PULL_MANIFEST.json")
         report = verify(pulled, write=False, load_timeout_s=max(LOAD_MIN_S, self._left()))
-        return judge_verified(report.to_dict(), problems, stray)
+        return judge_verified(report.to_dict(), problems, stray, report.failures())
 
     # ---- the whole rehearsal ----------------------------------------------------------------
 

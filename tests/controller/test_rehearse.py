@@ -357,6 +357,13 @@ def test_judge_verified_reads_the_verifiers_report() -> None:
     assert not ok and detail.startswith("3 problems")
     assert "never recorded by custody" in detail and "identity: size 10" in detail
     assert judge_verified({"ok": True, "files": []}, [], [])[1].endswith("recorded by the sidecar's custody")
+    # a verdict failed for a reason the rehearsal does not derive itself: the verifier's own line
+    suspect = {"ok": False, "files": [ckpt], "proofs": {"identity": {"status": "passed"}},
+               "suspect": [{"path": ckpt["path"], "code": "torn", "reason": "partly written"}]}
+    line = f"{ckpt['path']}: identity: the box's custody recorded this checkpoint as suspect (torn: ...)"
+    ok, detail = judge_verified(suspect, [], [], [line])
+    assert not ok and detail.startswith("1 problem") and "recorded this checkpoint as suspect" in detail
+    assert "no reason given" in judge_verified(suspect, [], [])[1]   # only when the verifier gave none
 
 
 def test_a_directory_checkpoint_is_found_by_its_files_and_its_name_gives_the_step(tmp_path: Path) -> None:
