@@ -107,8 +107,8 @@ def main() -> int:
             rev = clone(args.rev, repo)
             print(f"make test's phases at {rev}, {args.burners} busy loop(s) beside, in {repo}", flush=True)
             for name in ("fresh", "warm"):
-                if name == "warm" and passes and not passes[-1]["ok"]:
-                    break
+                if name == "warm" and ("warm" not in names or (passes and not passes[-1]["ok"])):
+                    break   # fresh only, or a failed fresh pass
                 result = one_pass(repo, name, logs, f"{stamp}-{rev}")
                 if name in names:
                     passes.append(result)
