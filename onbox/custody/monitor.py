@@ -28,7 +28,9 @@ recorded give one `written_in_place` suspect, then one new record once it settle
 
 Removal: a recorded unit that disappears as a whole while the job is alive (its pid, else no
 rgt/exit.json yet) and while no file of it was being judged (pending, queued or hashing when the
-first deletion was seen) was rotated away by the job (HF save_total_limit, Lightning save_top_k):
+first deletion was seen) was rotated away by the job (HF save_total_limit, Lightning save_top_k);
+so was one seen gone only after the job ended whose directory last changed before rgt/exit.json
+was written (the watcher is late under load, the rotation came just before the exit):
 `ckpt.removed` info, by "job", and a removal line in the manifest. Anything else is by "other", at
 warn: a unit that vanished while being judged or while the job was not running, files vanishing
 from a unit that is still there, a recorded file truncated. A unit removed by "other" stays

@@ -241,9 +241,10 @@ class CustodyCore:
         if record is None:
             return
         if not os.path.lexists(unit):
-            by = "job" if alive and not judged else "other"
+            before_exit = not alive and not judged and self._gone_before_exit(unit)
+            by = "job" if (alive or before_exit) and not judged else "other"
             reason = {"job": "removed as a whole while the job ran (its own rotation: HF save_total_limit, "
-                             "Lightning save_top_k)",
+                             "Lightning save_top_k)" + ("; seen after it exited" if before_exit else ""),
                       "other": "removed while it was still being judged" if judged else
                                "removed while the job was not running"}[by]
         elif record.kind == DIR:
@@ -265,6 +266,18 @@ class CustodyCore:
         self._emit("ckpt.removed", {"path": record.path, "sha256": record.sha256, "by": by, "reason": reason,
                                     "step": record.step, "kind": record.kind, "size": record.size,
                                     "files": len(record.files) or 1}, None if by == "job" else "warn")
+
+    def _gone_before_exit(self, unit: str) -> bool:
+        """Seen gone after the job ended, yet removed before it: the unit's directory last changed
+        no later than the wrapper wrote rgt/exit.json (after it reaped the job). A rotation just
+        before the exit reaches custody late under load, and it is still the job's own; anything
+        that changed the directory after the exit (or no exit.json) leaves the removal by "other"."""
+        try:
+            parent = os.stat(os.path.dirname(unit)).st_mtime_ns
+            ended = os.stat(self.run_dir / "rgt" / "exit.json").st_mtime_ns
+        except OSError:
+            return False
+        return parent <= ended
 
     def _job_alive(self) -> bool:
         """The job's pid is alive (not a zombie); without a pid, the wrapper wrote no rgt/exit.json."""

@@ -290,6 +290,37 @@ def test_removal_when_the_job_is_not_running_or_of_some_files_is_by_other(custod
     assert {r["by"] for r in view["removed"]} == {"other"}
 
 
+def test_a_rotation_seen_only_after_the_exit_is_the_jobs_when_it_came_before_exit_json(
+        custody: Factory) -> None:
+    """Under load the watcher may report a rotation after the wrapper reaped the job. The polling
+    observer never comes round here (an hour), so custody learns of each removal only when a pull
+    asks (`judge_missing`), with the job already dead: the directory's mtime against exit.json's
+    says which came first. On today's code both were by "other", and a pull failed closed."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(30)
+    h = custody(job_pid=dead.pid, observer="polling", poll_interval_s=3600.0, sweep_s=3600.0)
+    save_dir(h.ckpt / "checkpoint-1", 1)
+    save_dir(h.ckpt / "checkpoint-2", 2)
+    h.monitor.sweep_tick()
+    h.events.wait_for("ckpt.saved", 2)
+    h.idle()
+    exit_json = h.run / "rgt" / "exit.json"
+    shutil.rmtree(h.ckpt / "checkpoint-1")   # the job's rotation, then its exit
+    exit_json.write_text(json.dumps({"code": 0}))
+    assert h.monitor.judge_missing(WAIT_S)
+    shutil.rmtree(h.ckpt / "checkpoint-2")   # after the exit: by someone else...
+    ended = exit_json.stat().st_mtime_ns
+    os.utime(h.ckpt, ns=(ended, ended + 1))   # ...however close to it the clock puts it
+    assert h.monitor.judge_missing(WAIT_S)
+    got = {d["path"]: d for d in h.events.of("ckpt.removed")}
+    assert {p: d["by"] for p, d in got.items()} == {"checkpoints/checkpoint-1": "job",
+                                                    "checkpoints/checkpoint-2": "other"}
+    assert "seen after it exited" in got["checkpoints/checkpoint-1"]["reason"]
+    with pytest.raises(pullmanifest.ManifestError, match="checkpoints/checkpoint-2"):
+        pullmanifest.build_manifest(h.run)
+    assert [r.path for r in manifest.removals(h.run) if r.by == "job"] == ["checkpoints/checkpoint-1"]
+
+
 def test_a_large_file_the_job_writes_elsewhere_is_found_from_proc(
         custody: Factory, procs: List[subprocess.Popen], tmp_path: Path) -> None:
     where = tmp_path / "scratch" / "saves"
