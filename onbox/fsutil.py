@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Tuple, Union
 
@@ -34,9 +35,10 @@ def fsync_dir(path: Path, strict: bool = False) -> None:
 
 
 def write_atomic(path: Path, data: Union[str, bytes], mode: int = 0o644) -> None:
-    """A sibling temp file, fsync, rename over `path`, fsync the directory."""
+    """A sibling temp file, fsync, rename over `path`, fsync the directory. The temp name holds the
+    pid and the thread, so two threads writing one file never share (and lose) a temp file."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         os.write(fd, data.encode() if isinstance(data, str) else data)

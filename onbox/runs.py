@@ -62,6 +62,8 @@ class RunPaths:
         self.sidecar_log = self.rgt / "sidecar.log"
         self.preflight_json = self.rgt / "preflight.json"
         self.exit_reported = self.rgt / "job.exit_reported"   # written by the sidecar's monitor
+        self.closed = self.rgt / "run.closed"                  # the sidecar's close-out is done
+        self.closing = self.rgt / "closing.json"               # ... and while it runs, what is pending
         self.attempts = self.rgt / "attempts"
         self.launch_lock = self.rgt / "launch.lock"
         self.supervisor_lock = self.rgt / "supervisor.lock"

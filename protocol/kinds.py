@@ -46,6 +46,10 @@ _k("job.exited", "warn", "the training job exited (code, signal, oom_killed)")
 _k("job.stalled", "warn", "no progress past the stall budget (verdict: hung, idle)")
 _k("job.progressing", "info", "progress resumed after a stall")
 _k("job.preempted", "warn", "the job was told to stop by someone else than rgt (a spot reclaim); grace_s")
+_k("run.closing", "info", "the job exited and the sidecar is closing the run: what is still settling or "
+   "hashing, bytes left, eta_s", telemetry=True)
+_k("run.closed", "info", "the run's end on the box: every source read to its end, every checkpoint "
+   "committed or named incomplete; the final verdict and the final pull manifest (sha256, counts)")
 _k("job.rank_failed", "critical", "one node's job exited while the other nodes of the run wait on it")
 
 # Training signals.

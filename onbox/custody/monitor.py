@@ -92,6 +92,7 @@ from onbox.sources.checkpoints import (
 log = logging.getLogger(__name__)
 
 FINAL_QUIET_S = 0.5  # quiet a directory needs once its framework's last file is closed
+CLOSING_QUIET_S = 0.2  # after the job exited: nothing of it writes any more, so a short quiet commits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +113,9 @@ class CustodyMonitor(CustodyCore):
         self._add_watch(self.ckpt_dir, "ckpt_dir", every_file=True)
         self._locator = Locator(self.run_dir, config.job_cwd, config.job_pid, proc=proc)
         self._refused_seen = 0
+        self._handing = 0   # hand-overs from _pending to _queue under way (_commit): not idle
+        self._locate_lock = threading.Lock()     # the scheduler's tick and the close-out's
+        self._closing = False                     # begin_close(): the job exited
 
     # ---- life ---------------------------------------------------------------------------------
 
@@ -162,8 +166,35 @@ class CustodyMonitor(CustodyCore):
     def wait_idle(self, timeout_s: float) -> bool:
         """True once nothing is settling, queued, being hashed or waiting for its durable copy."""
         with self._cond:
-            return self._cond.wait_for(lambda: not (self._pending or self._queue or self._busy
-                                                    or self._backlog or self._gone), timeout_s)
+            return self._cond.wait_for(lambda: not (self._pending or self._handing or self._queue
+                                                    or self._busy or self._backlog or self._gone), timeout_s)
+
+    def begin_close(self) -> None:
+        """The job exited, so nothing it runs writes any more: look for places and units one last
+        time, commit every unit once it is quiet for CLOSING_QUIET_S (no framework's last file, no
+        settle time to wait for), and hash unpaced (the job no longer shares the disk)."""
+        with self._cond:
+            self._closing = True
+            self._bucket.rate = None
+            self._cond.notify_all()
+        self.locate_tick()
+        self.sweep_tick()
+
+    def open_units(self, limit: int = 50) -> List[Dict[str, Any]]:
+        """The units not done yet, the one being hashed first: each with its state (hashing, queued,
+        settling, copying: its durable copy), its bytes and the bytes hashed so far."""
+        with self._cond:
+            busy, done = self._busy, self._hashed
+            items = [(busy, "hashing")] if busy else []
+            items += [(u, "queued") for u in self._queue if u != busy]
+            items += [(u, "settling") for u in self._pending if u != busy and u not in self._queue]
+            items += [(u, "copying") for u in self._backlog if u != busy]
+        out: List[Dict[str, Any]] = []
+        for unit, state in items[:limit]:
+            size = _unit_bytes(unit)
+            out.append({"path": self._rec_path(unit), "state": state, "bytes": size,
+                        "hashed_bytes": min(done, size) if unit == busy and state == "hashing" else 0})
+        return out
 
     def judge_missing(self, timeout_s: float = 60.0) -> bool:
         """Have every recorded unit with a file missing judged, and wait (at most `timeout_s`) until
@@ -278,6 +309,7 @@ class CustodyMonitor(CustodyCore):
                 if dst is not None and dst.kind == FILE:
                     self._pending.pop(dst.unit, None)
                     commit = dst.unit
+                    self._handing += 1
                 elif dst is not None:
                     renamed = src is None or src.unit != dst.unit
                     self._touch_dir(dst, CLOSED, renamed)
@@ -359,14 +391,21 @@ class CustodyMonitor(CustodyCore):
         self._cond.notify_all()
 
     def _commit(self, items: List[Tuple[str, str, str, str]]) -> None:
-        fresh = [item for item in items if not self._recorded(item[0], self._sig(item[0], item[2]))]
+        """Queue the units for hashing. The caller took them off _pending and added one to
+        _handing under the same lock, so wait_idle never sees them in neither (the close-out
+        would judge the run without them)."""
+        fresh: List[Tuple[str, str, str, str]] = []
+        try:
+            fresh = [item for item in items if not self._recorded(item[0], self._sig(item[0], item[2]))]
+        finally:
+            with self._cond:
+                for unit, via, kind, root in fresh:
+                    self._written.add(unit)
+                    self._queue.setdefault(unit, (via, kind, root))
+                self._handing -= 1
+                self._cond.notify_all()
         if not fresh:
             return
-        with self._cond:
-            for unit, via, kind, root in fresh:
-                self._written.add(unit)
-                self._queue.setdefault(unit, (via, kind, root))
-            self._cond.notify_all()
         if self._on_commit is not None:
             try:
                 self._on_commit(self._mono())
@@ -403,13 +442,15 @@ class CustodyMonitor(CustodyCore):
                     del self._pending[unit]
                     via = "quiet" if p.need == CLOSE or (p.kind == DIR and p.open) else p.via
                     ready.append((unit, via, p.kind, p.root))
+            self._handing += 1 if ready else 0
             self._cond.notify_all()
-        self._commit(ready)
+        if ready:
+            self._commit(ready)
         self._judge_removals(now)
 
     def _due(self, unit: str, p: Pending, sig: Any, quiet: float) -> bool:
         c = self.config
-        if quiet >= c.quiet_max_s:
+        if quiet >= c.quiet_max_s or (self._closing and quiet >= min(c.settle_s, CLOSING_QUIET_S)):
             return True
         if p.kind == DIR:
             if p.open:
@@ -429,6 +470,10 @@ class CustodyMonitor(CustodyCore):
 
     def locate_tick(self) -> None:
         """Watch the new places the job writes to; commit the units its hints name."""
+        with self._locate_lock:
+            self._locate_places()
+
+    def _locate_places(self) -> None:
         found = self._locator.tick([p.root for p in self._places.values()])
         hinted, self._locator.hinted = self._locator.hinted, []
         with self._cond:
@@ -479,6 +524,7 @@ class CustodyMonitor(CustodyCore):
             with self._cond:
                 self._dir_units.add(path)
                 self._pending.pop(path, None)
+                self._handing += 1
             self._commit([(path, "hint", DIR, root)])
             return
         with self._cond:
@@ -487,6 +533,7 @@ class CustodyMonitor(CustodyCore):
         if loc is not None:
             with self._cond:
                 self._pending.pop(loc.unit, None)
+                self._handing += 1
             self._commit([(loc.unit, "hint", loc.kind, loc.root)])
 
     # ---- sweeps and staleness -----------------------------------------------------------------
@@ -573,6 +620,23 @@ class CustodyMonitor(CustodyCore):
         self._emit("ckpt.stale", {"age_s": round(age, 1), "stale_after_s": limit,
                                   "last_path": last.path if last else None,
                                   "last_step": last.step if last else None}, "warn")
+
+
+def _unit_bytes(unit: str) -> int:
+    """The bytes of a file unit, or of every file under a directory unit (0 when gone)."""
+    if not os.path.isdir(unit):
+        try:
+            return os.stat(unit).st_size
+        except OSError:
+            return 0
+    total = 0
+    for dirpath, _, filenames in os.walk(unit):
+        for name in filenames:
+            try:
+                total += os.stat(os.path.join(dirpath, name), follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return total
 
 
 __all__ = ["CustodyConfig", "CustodyMonitor"]

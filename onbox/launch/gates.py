@@ -36,7 +36,8 @@ MIN_FREE_INODES = 1024
 RETIRE_TIMEOUT_S = 15.0
 # Per-attempt records that move to rgt/attempts/<n>/ when a run is launched again.
 ATTEMPT_FILES = ("exit.json", "stop.json", "job.json", "job.pid", "preflight.json", "supervisor.json",
-                 "supervisor.pid", "job.announced", "job.exit_reported", "preempt.json", "preempt.reported")
+                 "supervisor.pid", "job.announced", "job.exit_reported", "preempt.json", "preempt.reported",
+                 "run.closed", "closing.json")
 
 Health = Callable[..., int]
 Stat = Callable[[str], Any]

@@ -20,10 +20,11 @@ both inherited from the supervisor itself. It polls its sidecar every 0.25 s; a 
 while the job has not been reported is started again after a backoff of 0.5 s doubling to at most
 4 s (reset once a sidecar has lived 30 s), so a restart begins within 5 s and never spins. It ends:
 
-- when the job is gone and the sidecar has reported its exit (the monitor's rgt/job.exit_reported
-  names the wrapper pid), after `--linger` seconds (default 300: a controller that was away can still
-  fetch the last events over the tunnel), by SIGTERM to the sidecar; or at once when the sidecar
-  itself exits after that report;
+- when the job is gone, the sidecar has reported its exit (the monitor's rgt/job.exit_reported
+  names the wrapper pid) and closed the run (rgt/run.closed: onbox/sidecar/closing.py; at most
+  `--close-timeout` after the report, default 180 s), after `--linger` seconds (default 300: a
+  controller that was away can still fetch the last events over the tunnel), by SIGTERM to the
+  sidecar; or at once when the sidecar itself exits after that report;
 - when the job is gone and no report came within `--report-timeout` (default 120 s);
 - on SIGTERM/SIGINT (the launcher does this before a relaunch), stopping its sidecar first.
   With `--finish-on-term` (what `rgt-onbox launch --wait` asks for: under a scheduler such as
@@ -218,6 +219,7 @@ class Supervisor:
 
     def __init__(self, run_dir: Path, job_pid: int, serve_args: Sequence[str] = (), *,
                  linger_s: float = 300.0, report_timeout_s: float = 120.0, finish_on_term: bool = False,
+                 close_timeout_s: float = 180.0,
                  python: str = sys.executable, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.paths = RunPaths(run_dir)
         self.finish_on_term = finish_on_term
@@ -226,6 +228,8 @@ class Supervisor:
         self.serve_args = list(serve_args)
         self.linger_s = linger_s
         self.report_timeout_s = report_timeout_s
+        self.close_timeout_s = close_timeout_s
+        self.exit_seen_at: Optional[float] = None   # the exit report seen, the close not yet
         self.python = python
         self._mono = monotonic
         self._stop = threading.Event()
@@ -330,7 +334,9 @@ class Supervisor:
         if job_gone and self.gone_at is None:
             self.gone_at = now
         if job_gone and self.reported_at is None and self._reported():
-            self.reported_at = now
+            self.exit_seen_at = now if self.exit_seen_at is None else self.exit_seen_at
+            if self.paths.closed.exists() or now - self.exit_seen_at >= self.close_timeout_s:
+                self.reported_at = now   # a sidecar that dies before the close is started again
         if rc is not None:
             log.warning("sidecar exited with status %d", rc)
             if self.reported_at is not None:
@@ -371,7 +377,8 @@ def supervise_main(args: argparse.Namespace) -> int:
     _renice_self()
     serve_args = [a for a in args.serve_args if a != "--"]
     sup = Supervisor(Path(args.run_dir), args.pid, serve_args, linger_s=args.linger,
-                     report_timeout_s=args.report_timeout, finish_on_term=args.finish_on_term)
+                     report_timeout_s=args.report_timeout, finish_on_term=args.finish_on_term,
+                     close_timeout_s=args.close_timeout)
 
     def on_stop(signum: int, _frame: Any) -> None:
         sup.on_signal(signum)
@@ -391,6 +398,7 @@ def _parser() -> argparse.ArgumentParser:
     sup.add_argument("--run-dir", required=True)
     sup.add_argument("--pid", type=int, required=True, help="the job wrapper's pid")
     sup.add_argument("--linger", type=float, default=300.0)
+    sup.add_argument("--close-timeout", type=float, default=180.0)
     sup.add_argument("--report-timeout", type=float, default=120.0)
     sup.add_argument("--finish-on-term", action="store_true",
                      help="a first SIGTERM waits for the job's exit to be journaled (schedulers)")

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional
 from onbox.runs import RunPaths, read_json, wait_for
 
 REPORT_WAIT_S = 15.0  # after the job ends, how long the sidecar gets to journal job.exited
+CLOSE_WAIT_S = 180.0  # and then to close the run (rgt/run.closed: onbox/sidecar/closing.py)
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -71,8 +72,8 @@ def wait_for_job(run_dir: Path, wrapper_pid: int, *, report_wait_s: float = REPO
     with Forwarder() if forwarder is None else contextlib.nullcontext(forwarder) as installed:
         installed.target(wrapper_pid)
         status = _reap(wrapper_pid)
-    if sidecar:
-        wait_for(lambda: paths.exit_reported.exists(), report_wait_s, 0.1)
+    if sidecar and wait_for(lambda: paths.exit_reported.exists(), report_wait_s, 0.1):
+        wait_for(lambda: paths.closed.exists(), CLOSE_WAIT_S, 0.1)
     return _shell_status(status, read_json(paths.exit_json) or {})
 
 

@@ -47,7 +47,10 @@ from onbox.monitors.health import HealthMonitor, MonitorConfig
 from onbox.monitors.stacks import BUDGET_S as STACKS_BUDGET_S
 from onbox.monitors.stacks import StackCapture, StallStacks
 from onbox.monitors.training import TrainingMonitor
+from onbox.runs import read_json
 from onbox.scheduler import FunctionJob, PeriodicJob, Scheduler
+from onbox.sidecar.closing import BUDGET_S as CLOSE_BUDGET_S
+from onbox.sidecar.closing import Closer, closed_marker, journaled_close
 from onbox.sidecar.journal import Journal
 from onbox.sidecar.transport import CurveServer, EventServer, socket_dir_for
 from onbox.sources import process, slurm
@@ -77,6 +80,7 @@ class SidecarConfig:
     synthetic_delay_s: float = 0.0    # wait before the first synthetic event
     journal_rotate_bytes: int = 16 << 20
     journal_ring_max: int = 10_000
+    close_budget_s: float = CLOSE_BUDGET_S   # the longest the close-out after the job's exit holds run.closed
 
 
 def _run_meta(run_dir: Path) -> Dict[str, Any]:
@@ -115,7 +119,7 @@ class Sidecar:
         self.server = EventServer(sock_dir=sock_dir, tcp=config.tcp, curve=config.curve)
         self._emit_lock = threading.Lock()
         self._stop = threading.Event()
-        self._finishing = False   # finish(): stop once job.exited is journaled
+        self._finishing = False   # finish(): stop once the run is closed (run.closed journaled)
         self._lock_fd = -1
         self._threads: List[threading.Thread] = []
         self._scheduler: Optional[Scheduler] = None
@@ -137,6 +141,8 @@ class Sidecar:
         self.custody = CustodyMonitor(custody_config(self.run_dir, watch, config.job_pid), self.emit,
                                       on_commit=self.training.note_checkpoint)
         self.deadman = DeadmanFeed(self.rgt_dir, self.emit)
+        self.closer = Closer(self.run_dir, self.host, self.custody, self.emit, self._verdict, self._stop,
+                             self._on_closed, budget_s=config.close_budget_s)
         self.preempt = PreemptWatch(self.rgt_dir, self.emit, self._flush_custody,
                                     scheduler=slurm.from_record(meta.get("scheduler")),
                                     group=meta.get("group"))
@@ -159,10 +165,28 @@ class Sidecar:
         self.custody.start()
         self.deadman.start()
         self.emit("sidecar.capability", {**self.monitor.status(), "custody": self.custody.status()})
+        self._resume_close()
         self._scheduler = Scheduler(self._jobs(), self._job_failed)
         self._scheduler.start()
         if self.config.synthetic_count:
             self._spawn("rgt-synthetic", self._synthetic)
+
+    def _exit_reported(self) -> bool:
+        done = read_json(self.rgt_dir / "job.exit_reported")
+        return done is not None and (self.config.job_pid is None or done.get("pid") == self.config.job_pid)
+
+    def _resume_close(self) -> None:
+        """An earlier sidecar reported the job's exit and did not mark the run closed (killed mid
+        close-out): close it now, unless its journal already holds the run.closed."""
+        if not self._exit_reported() or closed_marker(self.rgt_dir) is not None:
+            return
+        exited, closed = journaled_close(self.journal)
+        if closed is not None:
+            write_json_atomic(self.rgt_dir / "run.closed", {"exit_seq": exited.seq if exited else None,
+                                                            "seq": closed.seq, "incomplete": []})
+        elif exited is not None:
+            log.info("the job's exit (seq %d) was reported, the run not closed: closing it now", exited.seq)
+            self.closer.start(exited)
 
     def _take_lock(self) -> None:
         try:
@@ -184,14 +208,17 @@ class Sidecar:
         self._stop.set()
 
     def finish(self) -> None:
-        """Stop once the job's exit is journaled (now, when it is, or when there is no job): a
-        scheduler ending a step signals every process of it, and the exit is what matters most."""
-        reported = (self.rgt_dir / "job.exit_reported").exists()
-        if self.config.job_pid is None or reported:
+        """Stop once the run is closed (now, when it is, or when there is no job): a scheduler
+        ending a step signals every process of it, and the exit and the close matter most."""
+        self._finishing = True
+        if self.config.job_pid is None or closed_marker(self.rgt_dir) is not None:
             self.stop()
             return
-        self._finishing = True
-        log.info("the step is ending: stopping once the job's exit is journaled")
+        log.info("the step is ending: stopping once the run is closed")
+
+    def _on_closed(self) -> None:
+        if self._finishing:
+            self._stop.set()
 
     def close(self) -> None:
         self._stop.set()
@@ -199,6 +226,7 @@ class Sidecar:
             self._scheduler.stop()
         for t in self._threads:
             t.join(5.0)
+        self.closer.join(10.0)   # it sees the stop within a few seconds; a restarted sidecar closes again
         self.custody.close()
         self.training.close()
         self.monitor.close()
@@ -230,9 +258,10 @@ class Sidecar:
             published = self.journal.append(kind, data, sev)
             for _, frame in published:
                 self.server.publish(frame)
-        if kind == "job.exited" and self._finishing:
-            self._stop.set()
-        return next(ev for ev, _ in published if ev.kind == kind)
+        event = next(ev for ev, _ in published if ev.kind == kind)
+        if kind == "job.exited":
+            self.closer.start(event)
+        return event
 
     def _publish_all(self, published: List[Tuple[Event, bytes]]) -> None:
         for _, frame in published:
@@ -350,6 +379,7 @@ class Sidecar:
         data["monitor"] = self.monitor.status()
         data["training"] = self.training.status()
         data["custody"] = self.custody.status()
+        data["closeout"] = self.closer.state
         self.emit("heartbeat", data)
 
     def _final_status(self, data: Dict[str, Any],
@@ -365,6 +395,17 @@ class Sidecar:
         """
         code = data.get("code")
         self.training.on_job_exit(code if isinstance(code, int) else None)
+        ok, reasons = self._verdict(data)
+        data.update(final_ok=ok, final_reasons=reasons, closing=True)
+        if data.get("preempted"):
+            self.preempt.report_now()
+        if data.get("preempted") and self.preempt.reason():
+            data["preempt_reason"] = self.preempt.reason()   # time_limit, requeued, ...
+        return data, ("info" if ok else "warn") if sev in (None, "info") else sev
+
+    def _verdict(self, data: Mapping[str, Any]) -> Tuple[bool, List[str]]:
+        """The run's verdict now (at the exit, and again once the run is closed), into rgt/final.json."""
+        code = data.get("code")
         reasons = []
         if code != 0:
             reasons.append(f"job exited with code {code}" if code is not None
@@ -377,13 +418,8 @@ class Sidecar:
         if nonfinite:
             names = ", ".join(map(str, nonfinite))
             reasons.append(f"training ended with non-finite {names} (train.nonfinite)")
-        data.update(final_ok=not reasons, final_reasons=reasons)
-        if data.get("preempted"):
-            self.preempt.report_now()
-        if data.get("preempted") and self.preempt.reason():
-            data["preempt_reason"] = self.preempt.reason()   # time_limit, requeued, ...
         write_json_atomic(self.rgt_dir / "final.json", {"ok": not reasons, "code": code, "reasons": reasons})
-        return data, ("info" if not reasons else "warn") if sev in (None, "info") else sev
+        return not reasons, reasons
 
     def _journal_tick(self) -> None:
         with self._emit_lock:

@@ -100,15 +100,16 @@ def test_the_watcher_ends_after_the_exit_once_what_follows_it_is_stored(
     try:
         wait_until(lambda: "job.started" in kinds(store), 20, "the job's start stored")
         assert serving.thread.is_alive()
-        box.sidecar.emit("job.exited", {"code": 0})
+        box.sidecar.emit("job.exited", {"code": 0})   # the sidecar closes the run: run.closed follows
+        wait_until(lambda: kinds(store)[-2:] == ["job.exited", "run.closed"], 20, "the exit and close stored")
         box.sidecar.emit("ckpt.committed", {"path": "checkpoints/step100.pt", "step": 100})
-        wait_until(lambda: kinds(store)[-2:] == ["job.exited", "ckpt.committed"], 20, "both stored")
+        wait_until(lambda: kinds(store)[-1:] == ["ckpt.committed"], 20, "what follows stored")
         assert serving.thread.is_alive(), "the watcher ended before the settle"
         now[0] += 0.5
         serving.thread.join(20)
         assert not serving.thread.is_alive(), "the watcher ran on after the run ended"
         assert serving.result == [0]
-        assert kinds(store)[-2:] == ["job.exited", "ckpt.committed"]   # what followed the exit is in
+        assert kinds(store)[-3:] == ["job.exited", "run.closed", "ckpt.committed"]   # what followed is in
         assert "sidecar.stopping" not in kinds(store)                   # ended on the settle, not a stop
     finally:
         serving.end()
