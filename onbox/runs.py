@@ -389,6 +389,33 @@ def _sidecar_alive(paths: RunPaths) -> Tuple[Optional[bool], Optional[bool]]:
     return (sidecar is not None and sidecar.alive()), (sup is not None and sup.alive())
 
 
+def close_state(run_dir: Path) -> Dict[str, Any]:
+    """Whether the run's pull manifest is final (onbox/sidecar/closing.py), from its files and /proc:
+    "closed" (final), "incomplete" (closed with units still hashing), "closing" (the job exited and
+    its sidecar or their supervisor still runs: a run.closed will come), "running" (the job has not
+    exited: a pull is a snapshot), "unclosed" (exited, and nothing is left to close it)."""
+    paths = RunPaths(Path(run_dir))
+    closed = read_json(paths.closed)
+    if closed is not None:
+        found = closed.get("incomplete")
+        incomplete: List[Any] = found if isinstance(found, list) else []
+        return {"state": "incomplete" if incomplete else "closed", "final": not incomplete,
+                "incomplete": incomplete[:50], "seq": closed.get("seq")}
+    if not (paths.exit_reported.exists() or paths.exit_json.exists()):
+        return {"state": "running", "final": False}
+    sidecar, supervisor = _sidecar_alive(paths)
+    if sidecar or supervisor:
+        doc = read_json(paths.closing) or {}
+        pending = doc.get("pending")
+        return {"state": "closing", "final": False,
+                "pending": pending[:50] if isinstance(pending, list) else [],
+                "pending_bytes": doc.get("pending_bytes"), "eta_s": doc.get("eta_s"),
+                "elapsed_s": doc.get("elapsed_s")}
+    return {"state": "unclosed", "final": False,
+            "reason": "the job exited and no sidecar is left to close the run: checkpoints it wrote at the "
+                      "end may not be recorded"}
+
+
 def run_status(run_dir: Path, full: bool = True) -> RunStatus:
     """The state of one run from its files and /proc; never raises for a half-written run.
     Without `full`, only the job's state: the sidecar's liveness and the journal's tail are not read."""
@@ -452,7 +479,7 @@ def render_ps(statuses: Sequence[RunStatus], root: Path, as_json: bool, out: IO[
         out.write("  ".join([*(r[i].ljust(widths[i]) for i in range(5)), r[5]]).rstrip() + "\n")
 
 
-__all__ = ["JobRecord", "ProcRef", "RunError", "RunPaths", "RunStatus", "boot_id",
+__all__ = ["JobRecord", "ProcRef", "RunError", "RunPaths", "RunStatus", "boot_id", "close_state",
            "default_root", "end_process", "group_members", "journal_tail", "list_runs",
            "nearest_existing", "newest_checkpoint_in", "newest_checkpoint_of",
            "proc_stat", "read_json", "render_ps", "resolve_run", "run_dirs",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import click
 
@@ -22,7 +22,7 @@ from controller.cli.base import (
     sigterm_as_interrupt,
 )
 from controller.cli.progress import ProgressMeter
-from controller.pull.fetch import Progress, PullError, pull
+from controller.pull.fetch import CLOSE_WAIT_S, Progress, PullError, PullResult, pending_text, pull
 from controller.store.db import Store
 from controller.teardown import gate as teardown
 
@@ -52,13 +52,20 @@ def _progress_text(p: Progress) -> str:
               help="Where the run goes [default: ./runs/<run-id>].")
 @click.option("--bwlimit", metavar="RATE", default=None,
               help="Cap the transfer rate, bytes per second with a k/m/g suffix (rsync's --bwlimit: 20m).")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=CLOSE_WAIT_S, show_default=True,
+              metavar="SECONDS", help="How long to wait for a box still closing the run (its job exited; "
+                                      "the last checkpoints are being committed) before giving up.")
 @JSON_OPTION
-def pull_command(run: str, dest: Optional[Path], bwlimit: Optional[str], as_json: bool) -> None:
+def pull_command(run: str, dest: Optional[Path], bwlimit: Optional[str], wait_s: float,
+                 as_json: bool) -> None:
     """Copy RUN's manifest and every file it lists into DIR, resumably.
 
     \b
     One rsync over the host's ssh master, into DIR.partial/ first: DIR appears only complete.
     Interrupted? Run the same command again: nothing received is sent twice.
+    A job that exited while the box still commits its last checkpoints: the pull waits for
+    the run's final manifest (--wait, saying what is pending); a close that left units
+    hashing fails naming them, after copying what was listed.
     Then prove the copy with `rgt verify DIR` (the teardown gate needs it).
     """
     meter = ProgressMeter(keep=True)  # on a terminal the line stays: the transfer's last numbers
@@ -66,15 +73,21 @@ def pull_command(run: str, dest: Optional[Path], bwlimit: Optional[str], as_json
     def progress(p: Progress) -> None:  # off a terminal: one JSON object per update
         meter.show(_progress_text(p), plain=json.dumps(p.to_dict(), sort_keys=True))
 
+    def closing(close: Dict[str, Any]) -> None:  # the box is still committing the last checkpoints
+        meter.show(f"waiting for the box to close the run: {pending_text(close)}",
+                   plain=json.dumps({"closing": close}, sort_keys=True))
+
     try:  # SIGTERM ends rsync too (it keeps what it received), not only this process
         with Store.open() as store, sigterm_as_interrupt():
-            result = pull(store, run, dest, bwlimit=bwlimit, on_progress=progress)
+            result = pull(store, run, dest, bwlimit=bwlimit, on_progress=progress, on_closing=closing,
+                          close_wait_s=wait_s)
     except PullError as e:
         raise CliError(e.message, e.hint) from e
     finally:
         meter.end()
     if as_json:
         emit_json(result.to_dict())
+        _not_final(result, quiet=True)
         return
     sent = result.rsync.get("literal_bytes", 0)
     click.echo(render.printable(
@@ -89,7 +102,30 @@ def pull_command(run: str, dest: Optional[Path], bwlimit: Optional[str], as_json
     if result.previous:
         click.echo(render.printable(f"warning: the earlier pull held files this one does not; kept as "
                                     f"{result.previous}"), err=True)
+    _not_final(result, quiet=False)
     click.echo(render.printable(f"next: rgt verify {result.dest}"), err=True)
+
+
+def _not_final(result: PullResult, quiet: bool) -> None:
+    """Say when the pulled manifest is not the run's final one; fail when the box will extend it."""
+    state = result.close.get("state")
+    if state == "incomplete":
+        names = ", ".join(result.close.get("incomplete") or [])
+        raise CliError(f"the manifest of {result.run} is not final: checkpoint(s) still being committed at "
+                       f"the run's close ({names}); what was listed is home",
+                       f"run `rgt pull {result.run}` again once their ckpt.saved are in (`rgt status`)")
+    if state == "closing":   # the box's wait ended with the close still going: never call it final
+        raise CliError(f"the manifest of {result.run} is not final: the box is still closing the run "
+                       f"({pending_text(result.close)}); what was listed is home",
+                       f"run `rgt pull {result.run}` again once `rgt status` says it is closed")
+    if quiet:
+        return
+    if state == "running":
+        click.echo("note: the job is still running: this pull is a snapshot, not the run's final state",
+                   err=True)
+    elif state == "unclosed":
+        click.echo("warning: the job exited and no sidecar closed the run: checkpoints it wrote at the end "
+                   "may be missing from this pull (`rgt status` shows what the box recorded)", err=True)
 
 
 # ---- rgt teardown -------------------------------------------------------------------------------

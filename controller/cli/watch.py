@@ -168,7 +168,9 @@ Exit codes:
     0  every watched run ended well: finished cleanly, or stopped by
        request (`rgt stop`: "stopped_by" in the line); with --all, or
        several runs, only once every run (and every queue cell not
-       launched yet) has ended; "ended" says how each one did
+       launched yet) has ended; "ended" says how each one did. A run
+       ends on run.closed: its checkpoints are committed and the line
+       names the final manifest, so a pull right after holds them all
     3  --timeout passed with nothing material
     4  the link stayed down past the link budget (this says nothing
        about the job: check the box)

@@ -17,6 +17,7 @@ from protocol import Event, ProtocolError
 from protocol.endpoints import Endpoints
 
 from controller.follow.subscriber import EventsHook, Subscriber
+from controller.runs import life
 from controller.store.db import Store
 
 log = logging.getLogger(__name__)
@@ -64,9 +65,11 @@ def attach(run_dir: Path, store: Store, *, on_events: Optional[EventsHook] = Non
 
 
 def _watch_exit(inner: Optional[EventsHook], flag: threading.Event) -> EventsHook:
-    """Pass events on, and set `flag` once the job exited or the sidecar stopped."""
+    """Pass events on, and set `flag` once the run ended (its run.closed, or a job.exited with no
+    close-out after it) or the sidecar stopped."""
     def hook(events: Sequence[Event]) -> None:
-        if any(ev.kind in ("job.exited", "sidecar.stopping") for ev in events):
+        if any((ev.kind in life.END_KINDS and not life.closes(ev)) or ev.kind == "sidecar.stopping"
+               for ev in events):
             flag.set()
         if inner is not None:
             inner(events)

@@ -124,23 +124,20 @@ def take_launch_mark(path: Path, now: Optional[float] = None) -> bool:
 
 
 def _exit_stored(store: Store, run: str) -> bool:
-    """The job of the run's latest attempt has its `job.exited` stored (after its `job.started`:
-    a run relaunched in place, `rgt queue`'s retry, has an earlier attempt's exit stored)."""
-    exits = store.events(run, kind_prefix="job.exited")
-    if not exits:
-        return False
-    starts = store.events(run, kind_prefix="job.started")
-    return not starts or exits[-1].seq > starts[-1].seq
+    """The run's latest attempt has its end stored (controller.runs.life.end_of: its run.closed, or
+    a job.exited with no close-out after it), after its `job.started`: a run relaunched in place,
+    `rgt queue`'s retry, has an earlier attempt's exit stored."""
+    return life.end_of(store, run)[0] is not None
 
 
 def finished(store: Store, run: str) -> bool:
     """The run's latest attempt was followed to its end: its job's exit is stored and its sidecar
     was seen stopping after it. A `sidecar.stopping` alone is no end: the supervisor restarts the
     sidecar while the job may still train."""
-    if not _exit_stored(store, run):
+    end = life.end_of(store, run)[0]
+    if end is None:
         return False
-    exit_seq = store.events(run, kind_prefix="job.exited")[-1].seq
-    return bool(store.events(run, since=exit_seq, kind_prefix="sidecar.stopping", limit=1))
+    return bool(store.events(run, since=end.seq, kind_prefix="sidecar.stopping", limit=1))
 
 
 def outage_s(down_since: float, restored_at: float) -> float:
@@ -186,6 +183,7 @@ class Watcher:
         self._silent = False
         self._exited_at: Optional[float] = None   # when this attempt's job.exited was stored
         self._stopping = False                     # its sidecar stopped since
+        self._closing = False                      # its job exited; its run.closed has not come yet
         self._look_for_exit = False                # a stop came with no exit seen: is one stored?
         self._catch_up = False                     # the run had ended: fetch what is missing, then stop
         self._catch_up_lost = False                # ... as "lost": a sidecar that comes back ends that
@@ -211,12 +209,17 @@ class Watcher:
                         self._heartbeat_s = float(interval)
                 elif ev.kind == "job.started":       # a new attempt: what was seen before is its past
                     self._exited_at, self._stopping, self._catch_up = None, False, False
+                    self._closing = False
                 elif ev.kind == "sidecar.started" and self._catch_up_lost:
                     self._catch_up = False           # the sidecar came back: the job may live
-                elif ev.kind == "job.exited":
-                    self._exited_at, self._stopping = self._mono(), False
+                elif ev.kind == "job.exited" and life.closes(ev):
+                    self._closing, self._stopping = True, False   # run.closed is the end
+                elif ev.kind in life.END_KINDS:
+                    self._exited_at, self._stopping, self._closing = self._mono(), False, False
                 elif ev.kind == "sidecar.stopping":
                     self._stopping = True
+                    if self._closing:    # stopped mid close-out: the exit is the end
+                        self._exited_at, self._closing = self._mono(), False
                     self._look_for_exit = self._exited_at is None
 
     def done(self, sub: Subscriber) -> bool:

@@ -66,10 +66,15 @@ from controller.pull.stage import (
     staging_dir,
     swap_in,
 )
+from controller.render import printable
 from controller.store.db import Store
 
 RSYNC_IO_TIMEOUT_S = 120
 MANIFEST_TIMEOUT_S = 3600  # the box may hash checkpoints custody has not hashed yet
+CLOSE_WAIT_S = 300.0       # how long a pull waits for a box that is still closing the run
+_CLOSE_STEP_S = 5.0        # one box-side wait (rgt-onbox manifest --wait-closed): progress this often
+CLOSING_EXIT = 75          # rgt-onbox manifest: the run is still closing, nothing written
+CLOSE_STATES = ("closed", "incomplete", "closing", "running", "unclosed")
 _BWLIMIT = re.compile(r"^[0-9]+(\.[0-9]+)?[KkMmGg]?$")
 _PROGRESS = re.compile(rb"^\s*([\d,]+)\s+\d+%\s")
 _STATS = {b"Literal data:": "literal_bytes", b"Matched data:": "matched_bytes",
@@ -105,10 +110,17 @@ class PullResult:
     previous: Optional[str] = None  # an earlier pull kept aside because it held files this one does not
     rotated_away: List[str] = dataclasses.field(default_factory=list)  # the manifest's removed, by "job"
     removed_other: List[str] = dataclasses.field(default_factory=list)  # removed by anything else
+    # the box's close state when the manifest was made (close_of): final only once the run is closed
+    close: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def final(self) -> bool:
+        return bool(self.close.get("final"))
 
     def to_dict(self) -> Dict[str, Any]:
         out = dataclasses.asdict(self)
         out["transferred_bytes"] = self.rsync.get("literal_bytes", 0)
+        out["final"] = self.final
         return out
 
 
@@ -136,11 +148,28 @@ def need_rsync(shell: Shell, host: str, run: str) -> None:
                  f"`rgt pull {run}` again; rgt does not fall back to scp, which cannot resume a pull")
 
 
-def box_manifest(shell: Shell, onbox: str, run_dir: str, run: str) -> Tuple[Dict[str, Any], bytes, str]:
-    """(manifest doc, its exact bytes, the run dir as the box resolved it), freshly written there."""
-    done = shell.run(f"{onbox} manifest {shlex.quote(run_dir)} --json", check=False,
-                     timeout_s=MANIFEST_TIMEOUT_S)
-    answer = last_json_object(done.stdout)
+def box_manifest(shell: Shell, onbox: str, run_dir: str, run: str,
+                 on_closing: Optional[Callable[[Dict[str, Any]], None]] = None,
+                 close_wait_s: float = CLOSE_WAIT_S) -> Tuple[Dict[str, Any], bytes, str, Dict[str, Any]]:
+    """(manifest doc, its exact bytes, the run dir as the box resolved it, the run's close state),
+    freshly written there. While the box is still closing the run (its job exited; the last
+    checkpoints are being committed), wait up to close_wait_s, telling on_closing what is pending
+    every few seconds; still closing then: PullError naming what is pending."""
+    deadline = time.monotonic() + close_wait_s
+    while True:
+        step = max(0.1, min(_CLOSE_STEP_S, deadline - time.monotonic()))   # 0 would not wait at all
+        done = shell.run(f"{onbox} manifest {shlex.quote(run_dir)} --json --wait-closed {step:.1f}",
+                         check=False, timeout_s=MANIFEST_TIMEOUT_S)
+        answer = last_json_object(done.stdout)
+        if done.returncode != CLOSING_EXIT or answer is None:
+            break
+        close = close_of(answer)
+        if time.monotonic() >= deadline:
+            raise PullError(f"{run} is still closing after {close_wait_s:.0f} s: {pending_text(close)}",
+                            hint="the box is committing the run's last checkpoints; nothing was copied. "
+                                 "Run `rgt pull` again later (`rgt status` shows the close-out)")
+        if on_closing is not None:
+            on_closing(close)
     if done.returncode != 0 or answer is None or not isinstance(answer.get("sha256"), str):
         raise PullError(f"the box could not list {run} for a pull (rgt-onbox manifest, exit "
                         f"{done.returncode}): {error_tail(done.stderr)}", hint="nothing was copied")
@@ -154,7 +183,44 @@ def box_manifest(shell: Shell, onbox: str, run_dir: str, run: str) -> Tuple[Dict
     if doc["sha256"] != answer["sha256"]:
         raise PullError(f"{MANIFEST_REL} of {run} changed while it was read",
                         hint="another `rgt pull` of this run may be running; try again when it is done")
-    return doc, raw, where
+    return doc, raw, where, close_of(answer)
+
+
+def close_of(answer: Dict[str, Any]) -> Dict[str, Any]:
+    """The box's close state of a run (onbox.runs.close_state), checked: a known state, counts as
+    numbers, at most 20 paths of at most 300 printable characters. An answer without one (an
+    older box) is "unknown", never final."""
+    raw = answer.get("close")
+    raw = raw if isinstance(raw, dict) else {}
+    state = raw.get("state") if raw.get("state") in CLOSE_STATES else "unknown"
+
+    def paths(key: str) -> List[str]:
+        items = raw.get(key)
+        listed = items if isinstance(items, list) else []
+        out = [i.get("path") if isinstance(i, dict) else i for i in listed]
+        return [printable(p)[:300] for p in out if isinstance(p, str)][:20]
+
+    def number(key: str) -> Optional[float]:
+        value = raw.get(key)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e18
+        return value if ok else None
+
+    return {"state": state, "final": state == "closed" and raw.get("final") is True,
+            "pending": paths("pending"), "incomplete": paths("incomplete"),
+            "pending_bytes": number("pending_bytes"), "eta_s": number("eta_s")}
+
+
+def pending_text(close: Dict[str, Any]) -> str:
+    """One line: what the box is still committing."""
+    names = close["pending"] or close["incomplete"]
+    left = close["pending_bytes"]
+    eta = close["eta_s"]
+    text = f"{len(names)} checkpoint unit(s) pending" + (f" ({', '.join(names[:3])})" if names else "")
+    if left is not None:
+        text += f", {left / 1e6:.1f} MB left"
+    if eta is not None:
+        text += f", eta {eta:.0f} s"
+    return text
 
 
 def _manifest_dir(answered: Any, run_dir: str, run: str) -> str:
@@ -304,13 +370,16 @@ def _fetch(shell: Shell, where: str, staging: Path, entries: Dict[str, Entry], e
     return resumed, stats, code, stderr
 
 
-def _pull_once(box: Box, run_id: str, run_dir: str, target: Path,
-               bwlimit: Optional[str], on_progress: Callable[[Progress], None], clock: Callable[[], float]
-               ) -> Tuple[Dict[str, Any], int, Dict[str, int], Optional[Path]]:
-    """One attempt: (manifest doc, resumed bytes, rsync stats, where an earlier pull was kept)."""
+def _pull_once(box: Box, run_id: str, run_dir: str, target: Path, bwlimit: Optional[str],
+               on_progress: Callable[[Progress], None], clock: Callable[[], float],
+               on_closing: Optional[Callable[[Dict[str, Any]], None]] = None,
+               close_wait_s: float = CLOSE_WAIT_S,
+               ) -> Tuple[Dict[str, Any], int, Dict[str, int], Optional[Path], Dict[str, Any]]:
+    """One attempt: (manifest doc, resumed bytes, rsync stats, where an earlier pull was kept, the
+    run's close state)."""
     shell, host = box.shell, box.name
     need_rsync(shell, host, run_id)
-    doc, raw, where = box_manifest(shell, box.onbox, run_dir, run_id)
+    doc, raw, where, close = box_manifest(shell, box.onbox, run_dir, run_id, on_closing, close_wait_s)
     if doc["run_id"] != run_id:
         raise PullError(f"refused the box's manifest: it says {run_dir} holds run {doc['run_id'][:80]!r}, "
                         f"not {run_id}", hint="nothing was copied")
@@ -324,12 +393,14 @@ def _pull_once(box: Box, run_id: str, run_dir: str, target: Path,
         if code != 0:
             raise _rsync_failed(shell, code, stderr, staging, run_id)
         check_staging(staging, entries, raw)
-        return doc, resumed, stats, swap_in(staging, target, clock)
+        return doc, resumed, stats, swap_in(staging, target, clock), close
 
 
 def pull(store: Store, run: str, dest: Optional[Path] = None, *, bwlimit: Optional[str] = None,
          on_progress: Optional[Callable[[Progress], None]] = None, shell: Optional[Shell] = None,
-         clock: Callable[[], float] = time.time) -> PullResult:
+         clock: Callable[[], float] = time.time,
+         on_closing: Optional[Callable[[Dict[str, Any]], None]] = None,
+         close_wait_s: float = CLOSE_WAIT_S) -> PullResult:
     """Pull RUN into `dest` (default ./runs/<run-id>) as the module doc says. Raises PullError
     (and StoreError for an unknown run); an interrupted pull leaves staging for the rerun.
 
@@ -351,8 +422,9 @@ def pull(store: Store, run: str, dest: Optional[Path] = None, *, bwlimit: Option
     for attempt in range(1, _ATTEMPTS + 1):
         riding = isinstance(shell, Ssh) and shell.master_pid() is not None
         try:
-            doc, resumed, stats, previous = _pull_once(box, run_id, run_dir, target, bwlimit,
-                                                       on_progress or (lambda p: None), clock)
+            doc, resumed, stats, previous, close = _pull_once(box, run_id, run_dir, target, bwlimit,
+                                                              on_progress or (lambda p: None), clock,
+                                                              on_closing, close_wait_s)
             break
         except (PullError, SshError) as e:
             if attempt < _ATTEMPTS and riding and isinstance(shell, Ssh) and shell.master_pid() is None:
@@ -364,12 +436,13 @@ def pull(store: Store, run: str, dest: Optional[Path] = None, *, bwlimit: Option
     result = PullResult(run=run_id, dest=str(target), files=len(doc["files"]), bytes=int(doc["total_bytes"]),
                         manifest_sha256=str(doc["sha256"]), resumed_bytes=resumed, rsync=stats,
                         elapsed_s=round(time.monotonic() - began, 3),
-                        previous=None if previous is None else str(previous))
+                        previous=None if previous is None else str(previous), close=close)
     result.rotated_away, result.removed_other = removed_of(doc)
     store.add_local_event(run_id, "pull.done", "info", {
         "dest": result.dest, "manifest_sha256": result.manifest_sha256, "files": result.files,
         "bytes": result.bytes, "host": host, "transferred_bytes": stats.get("literal_bytes", 0),
-        "rotated_away": result.rotated_away, "removed_other": result.removed_other})
+        "rotated_away": result.rotated_away, "removed_other": result.removed_other,
+        "final": result.final, "close_state": close["state"]})
     return result
 
 

@@ -461,9 +461,12 @@ def classify(store: Store, run: str, *, since_seq: int = 0, since_local: int = 0
     ended, from the stored events; None while it has not ended."""
     start = attempt_start(store, run, since_seq)
     if start is not None:
-        exited = store.events(run, since=start, kind_prefix="job.exited", limit=1)
+        exited = store.events(run, since=start, kind_prefix=life.EXIT_KIND, limit=1)
+        closed = store.events(run, since=start, kind_prefix=life.CLOSED_KIND, limit=1)
+        if exited and not closed and life.closes(exited[0]) and not life.close_cut(store, run, exited[0]):
+            return None   # the sidecar is closing the run: its run.closed ends the attempt
         if exited:
-            end = exited[0]
+            end = closed[0] if closed else exited[0]
             before = [e for e in store.events(run, since=start, kind_prefix="job.preempted")
                       if e.seq < end.seq]
             nan = [e for e in store.events(run, since=start, kind_prefix="train.nonfinite")

@@ -210,6 +210,22 @@ def _how(d: Mapping[str, Any]) -> str:
     return f"signal {signal_name(sig)}" if sig is not None else "no exit code"
 
 
+def closed_tail(d: Mapping[str, Any]) -> str:
+    """What a run.closed adds to its exit: the final manifest, or why there is none, and what was
+    still incomplete at the close."""
+    m = d.get("manifest")
+    if isinstance(m, Mapping) and isinstance(m.get("sha256"), str):
+        text = (f"; closed: final manifest {text_of(m['sha256'][:12])} ({text_of(m.get('checkpoints'))} "
+                f"checkpoint(s), {text_of(m.get('files'))} files)")
+    else:
+        text = f"; closed without a final manifest: {text_of(d.get('manifest_error') or 'unknown')}"
+    incomplete = d.get("incomplete")
+    if isinstance(incomplete, list) and incomplete:
+        first = incomplete[0].get("path") if isinstance(incomplete[0], Mapping) else incomplete[0]
+        text += f"; {len(incomplete)} checkpoint(s) still incomplete at the close ({text_of(first)}, ...)"
+    return text
+
+
 def explain(event: AnyEvent, job_started_at: Optional[float] = None,
             life: Optional[life_mod.Life] = None, cause: Optional[AnyEvent] = None) -> str:
     """One printable line saying what happened (box text escaped, <= EXPLAIN_MAX chars); never raises.
@@ -220,7 +236,7 @@ def explain(event: AnyEvent, job_started_at: Optional[float] = None,
     d = event.data
     template = _TEMPLATES.get(event.kind)
     try:
-        if event.kind == "job.exited":
+        if event.kind in life_mod.END_KINDS:
             took = _took(event, job_started_at)
             if life is not None and life.state == life_mod.STOPPED:
                 text = f"the job was stopped by request ({life.stopped_by}) and ended with {_how(d)}{took}"
@@ -235,6 +251,8 @@ def explain(event: AnyEvent, job_started_at: Optional[float] = None,
                     f": {explain(cause)}" if cause is not None else "")
             else:
                 text = _exited(d, took)
+            if event.kind == life_mod.CLOSED_KIND:
+                text += closed_tail(d)
         elif template is not None:
             text = (template if isinstance(template, str) else template(d)).format_map(_Fields(d))
         else:
@@ -266,14 +284,15 @@ def next_command(event: AnyEvent, life: Optional[life_mod.Life] = None, host: Op
     box = host or (event.host if isinstance(event, protocol.Event) else "") or None
     preempted = event.data.get("preempted") or (life is not None and life.state == life_mod.PREEMPTED)
     requeued = event.data.get("reason") == "requeued" or (life is not None and life.outcome == "requeued")
-    if requeued and (event.kind == "job.preempted" or event.kind == "job.exited"):
+    ended = event.kind in life_mod.END_KINDS
+    if requeued and (event.kind == "job.preempted" or ended):
         # Slurm runs it again under the same id: follow the next attempt (its nodes may differ).
         group = event.data.get("group")
         target = group if isinstance(group, str) and is_run_id(group) else event.run
         return f"rgt track {quoted(box)} {quoted(target)}" if box else f"rgt status {run}"
-    if event.kind == "job.preempted" or (event.kind == "job.exited" and preempted):
+    if event.kind == "job.preempted" or (ended and preempted):
         return resume_command(event.run, box)
-    if event.kind == "job.exited":
+    if ended:
         return f"rgt status {run} && rgt pull {run}"
     for prefix in ("train.", "gpu.", "ckpt.", "sidecar.degraded"):
         if event.kind.startswith(prefix):

@@ -1,10 +1,15 @@
 """A run's life, one state machine that `rgt watch`, `rgt status`, `rgt runs`, the queue and the
 group verdict all read, so they never tell one run's ending two ways.
 
-    launched -> running -> finished | failed | stopped | preempted | vanished | lost
+    launched -> running -> closing -> finished | failed | stopped | preempted | vanished | lost
 
     launched   the laptop launched (or tracks) it; nothing from the box is stored yet
     running    box events are stored and no job exit is
+    closing    the job exited and the sidecar is closing the run (onbox/sidecar/closing.py: every
+               source read, every checkpoint committed or named incomplete, the final manifest);
+               `outcome` is what the exit alone says, and the run ends on its `run.closed`. An
+               exit from a sidecar without a close-out, or whose sidecar stopped before closing
+               (and was not started again), ends the run itself
     finished   the job exited 0 and the sidecar's final verdict held
     failed     it ended badly; `outcome` says how: nan, oom, final, error
     stopped    it ended after a stop rgt was asked for (`rgt stop`, a queue cancel): by request,
@@ -32,11 +37,13 @@ import protocol
 
 from controller.store.db import LocalEvent, Store
 
-LAUNCHED, RUNNING = "launched", "running"
+LAUNCHED, RUNNING, CLOSING = "launched", "running", "closing"
 FINISHED, FAILED, STOPPED, PREEMPTED, VANISHED, LOST = (
     "finished", "failed", "stopped", "preempted", "vanished", "lost")
 ENDED = (FINISHED, FAILED, STOPPED, PREEMPTED, VANISHED, LOST)
-STATES = (LAUNCHED, RUNNING, *ENDED)
+STATES = (LAUNCHED, RUNNING, CLOSING, *ENDED)
+EXIT_KIND, CLOSED_KIND, CLOSING_KIND = "job.exited", "run.closed", "run.closing"
+END_KINDS = (EXIT_KIND, CLOSED_KIND)
 SIGTERM = 15
 SIGTERM_CODES = (143, -SIGTERM)   # a shell's 128+15, and Python's returncode for the signal
 STOP_KIND = "run.stop_requested"  # the laptop's own record of a stop it asked the box for
@@ -173,14 +180,48 @@ def of_exit(store: Store, run: str, end: protocol.Event) -> Life:
                      preempt_reason=reason if isinstance(reason, str) else None)
 
 
-def of_run(store: Store, run: str) -> Life:
-    """The life of a stored run, from its job.*, sidecar.stopping, train.nonfinite and the
-    laptop's stop requests, counting only the newest attempt."""
+def closes(exit_event: Any) -> bool:
+    """This job.exited says a close-out follows (a sidecar with onbox/sidecar/closing.py)."""
+    return exit_event.kind == EXIT_KIND and exit_event.data.get("closing") is True
+
+
+def close_cut(store: Store, run: str, exit_event: protocol.Event) -> bool:
+    """The sidecar stopped after this exit, before any run.closed, and no sidecar started after
+    that stop: no run.closed will come (one stopped mid close-out that nothing restarted)."""
+    if store.events(run, since=exit_event.seq, kind_prefix=CLOSED_KIND, limit=1):
+        return False
+    stops = store.events(run, since=exit_event.seq, kind_prefix="sidecar.stopping")
+    return bool(stops) and not store.events(run, since=stops[-1].seq, kind_prefix="sidecar.started")
+
+
+def end_of(store: Store, run: str) -> Tuple[Optional[protocol.Event], Optional[protocol.Event]]:
+    """The newest attempt's end event (its run.closed; else its job.exited when no close follows
+    it) and the job.exited whose close-out is still running, at most one of them set."""
     started = store.events(run, kind_prefix="job.started")
     since = started[-1].seq - 1 if started else 0
-    exited = store.events(run, since=since, kind_prefix="job.exited", limit=1)
-    if exited:
-        return of_exit(store, run, exited[0])
+    closed = store.events(run, since=since, kind_prefix=CLOSED_KIND, limit=1)
+    if closed:
+        return closed[0], None
+    exited = store.events(run, since=since, kind_prefix=EXIT_KIND, limit=1)
+    if not exited:
+        return None, None
+    if closes(exited[0]) and not close_cut(store, run, exited[0]):
+        return None, exited[0]
+    return exited[0], None
+
+
+def of_run(store: Store, run: str) -> Life:
+    """The life of a stored run, from its job.*, run.closed, sidecar.stopping, train.nonfinite
+    and the laptop's stop requests, counting only the newest attempt."""
+    started = store.events(run, kind_prefix="job.started")
+    since = started[-1].seq - 1 if started else 0
+    end, closing = end_of(store, run)
+    if end is not None:
+        return of_exit(store, run, end)
+    if closing is not None:
+        now = of_exit(store, run, closing)
+        return Life(CLOSING, now.outcome, f"closing: {now.reason}; the sidecar is finishing custody and "
+                    "the final manifest (run.closed ends it)", now.evidence, now.stopped_by)
     stopping = store.events(run, since=since, kind_prefix="sidecar.stopping")
     restarted = store.events(run, since=stopping[-1].seq, kind_prefix="sidecar.started") if stopping else []
     if stopping and not restarted:   # a sidecar started again after it (a reboot, a restart) still runs
@@ -192,6 +233,7 @@ def of_run(store: Store, run: str) -> Life:
     return Life(LAUNCHED, "launched", "nothing from the box is stored yet", {})
 
 
-__all__ = ["ENDED", "FAILED", "FINISHED", "LAUNCHED", "LOST", "Life", "PREEMPTED", "RUNNING",
-           "SCHEDULER_ENDS", "STATES", "STOPPED", "STOP_ANSWER_KIND", "STOP_KIND", "VANISHED", "exit_life",
-           "of_exit", "of_run", "stop_events", "stop_request", "stopped_by"]
+__all__ = ["CLOSED_KIND", "CLOSING", "CLOSING_KIND", "END_KINDS", "ENDED", "EXIT_KIND", "FAILED",
+           "FINISHED", "LAUNCHED", "LOST", "Life", "PREEMPTED", "RUNNING", "SCHEDULER_ENDS", "STATES",
+           "STOPPED", "STOP_ANSWER_KIND", "STOP_KIND", "VANISHED", "close_cut", "closes", "end_of",
+           "exit_life", "of_exit", "of_run", "stop_events", "stop_request", "stopped_by"]

@@ -115,7 +115,7 @@ class _Reader:
             since = self.open.get(key, {}).get("since_ts", ev.ts)
             self.open[key] = {"kind": key[0], "ident": key[1], "sev": ev.sev, "since_ts": since,
                               "age_s": _age(self.now, since), "explain": explain.explain(ev)}
-        elif ev.kind != "job.exited":
+        elif ev.kind not in life.END_KINDS:   # the end is the state line's
             self.recent = (self.recent + [ev])[-RECENT:]
 
 
@@ -202,11 +202,15 @@ def state_label(run_life: life.Life) -> str:
 
 def _state(reader: _Reader, link: Mapping[str, Any], run_life: life.Life) -> Tuple[str, str]:
     stalled = reader.open.get(("job.stalled", ""))
+    # The end the life read: the run.closed (its line names the final manifest), else the exit.
+    exited = reader.latest.get(str(run_life.evidence.get("kind"))) or reader.latest.get("job.exited")
     if run_life.ended:
-        exited = reader.latest.get("job.exited")
         if run_life.state in (life.FINISHED, life.FAILED, life.VANISHED) and exited is not None:
             return state_label(run_life), explain.explain(exited, reader.job_started_at)
         return state_label(run_life), run_life.reason
+    if run_life.state == life.CLOSING and exited is not None:
+        return state_label(run_life), (explain.explain(exited, reader.job_started_at) + "; the sidecar is "
+                                       "closing the run: the verdict comes with run.closed")
     if stalled is not None:
         state, reason = "stalled", str(stalled["explain"])
     elif run_life.state == life.RUNNING:
@@ -479,9 +483,9 @@ def run_state(store: Store, run: str, now: float) -> Dict[str, Any]:
     state: Dict[str, Any] = {"state": now_life.state, "outcome": now_life.outcome, "life": now_life.to_dict()}
     if now_life.stopped_by:
         state["stopped_by"] = now_life.stopped_by
-    seq = now_life.evidence.get("seq") if now_life.evidence.get("kind") == "job.exited" else None
-    exited = store.events(run, since=seq - 1, kind_prefix="job.exited", limit=1) \
-        if isinstance(seq, int) else []
+    kind = now_life.evidence.get("kind")   # the end: a run.closed carries its exit's data
+    seq = now_life.evidence.get("seq") if kind in life.END_KINDS else None
+    exited = store.events(run, since=seq - 1, kind_prefix=str(kind), limit=1) if isinstance(seq, int) else []
     if exited:
         data = exited[0].data
         state.update({"code": data.get("code"), "signal": data.get("signal"),

@@ -108,7 +108,7 @@ def _from_life(store: Store, run: str, lf: life.Life, t: float, host: Optional[s
         woken = store.woken(run)
         reported = wake.last_woken(key, woken) is not None or wake.absorbed_key(key) in woken
         store.mark_woken(run, wake.mark_key(key, woken))
-    if ev is not None and ev.kind == "job.exited":
+    if ev is not None and ev.kind in life.END_KINDS:
         said = explain.explain(ev, _started_at(store, run, ev), lf, exit_cause(store, run, ev, lf))
         next_step = explain.next_command(ev, lf, host)
     else:

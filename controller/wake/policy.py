@@ -44,7 +44,7 @@ from controller.kinds import (
     severity,
 )
 from controller.runs.explain import AnyEvent, explain, next_command, stack_lines
-from controller.runs.life import Life
+from controller.runs.life import END_KINDS, Life, closes
 from controller.store.db import LocalEvent
 
 POLICY_KEYS = ("add", "mute", "min_sev", "quiet", "flap_window_s", "link_budget_s")
@@ -115,8 +115,8 @@ def check_layer(layer: Mapping[str, Any]) -> Dict[str, Any]:
     both = set(out.get("add", ())) & set(out.get("mute", ()))
     if both:
         raise ValueError(f"{', '.join(sorted(both))} cannot be both added and muted")
-    if any(k == "job.exited" for k in out.get("mute", ())):
-        raise ValueError("job.exited cannot be muted: a job exit always ends a watch")
+    if any(k in END_KINDS for k in out.get("mute", ())):
+        raise ValueError("job.exited and run.closed cannot be muted: a run's end always ends a watch")
     if "min_sev" in layer:
         if layer["min_sev"] not in protocol.SEVERITIES:
             raise ValueError(f"min_sev must be one of {', '.join(protocol.SEVERITIES)}, "
@@ -346,9 +346,9 @@ def envelope(event: AnyEvent) -> Dict[str, Any]:
 
 
 def finished_cleanly(event: AnyEvent) -> Optional[bool]:
-    """For job.exited: True when code 0 and the sidecar's final verdict is not a failure (the
-    bare exit; controller.runs.life judges it with the run's stop request and what came before)."""
-    if event.kind != "job.exited":
+    """For job.exited / run.closed: True when code 0 and the sidecar's final verdict is not a failure
+    (the bare exit; controller.runs.life judges it with the run's stop request and what came before)."""
+    if event.kind not in END_KINDS:
         return None
     return event.data.get("code") == 0 and event.data.get("final_ok") is not False
 
@@ -366,6 +366,8 @@ class Context:
     passed). others: events that may supersede it (supersede_kinds). lease: for dead-man
     events, the lease (arm) they are about. host: the run's host here, for the next command.
     cause: for a job.exited that life fails for a non-finite loss, that train.nonfinite.
+    cut: for a job.exited whose close-out follows (closing), the sidecar stopped without closing
+    (controller.runs.life.close_cut): the exit itself ends the run. Else the run.closed does.
     """
 
     life: Optional[Life] = None
@@ -374,6 +376,7 @@ class Context:
     lease: Optional[str] = None
     host: Optional[str] = None
     cause: Optional[AnyEvent] = None
+    cut: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -420,6 +423,7 @@ ABSORBED = ("flapping", "open", "superseded")   # verdicts the watch records as 
 def judge(event: AnyEvent, policy: Policy, now: float, woken: Mapping[str, float],
           job_started_at: Optional[float] = None, context: Optional[Context] = None) -> Verdict:
     """The full verdict: "wake", or one of "woken", "absorbed", "muted", "link", "telemetry",
+    "closing" (a job exit whose run.closed is the end: it follows once custody is final),
     "clear", "below_min_sev", "superseded" (a graver event made it moot), "open" (its condition
     woke and never cleared since), "quiet", "flapping". The watch defers "quiet" events until
     the quiet hours end and records those in ABSORBED as absorbed."""
@@ -430,7 +434,9 @@ def judge(event: AnyEvent, policy: Policy, now: float, woken: Mapping[str, float
         return Verdict("absorbed", key)
     ctx = context or Context()
     kind, sev = event.kind, event.sev
-    exit_event = kind == "job.exited"
+    exit_event = kind in END_KINDS
+    if exit_event and closes(event) and not ctx.cut:
+        return Verdict("closing", key)
     choice = None if exit_event else policy.choice(kind)
     if choice == "mute":
         return Verdict("muted", key)

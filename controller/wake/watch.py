@@ -43,9 +43,12 @@ import logging
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set
 
+import protocol
+
 from controller import kinds, render
 from controller.runs import group_status as status_group
 from controller.runs import groups
+from controller.runs import life as life_mod
 from controller.runs import status as status_mod
 from controller.runs.explain import AnyEvent, cut
 from controller.store.db import LocalEvent, Store
@@ -93,7 +96,9 @@ class _Run:
     local_floor: int = 0                  # every local event id <= this was judged
     job_started_at: Optional[float] = None
     last_life: Optional[AnyEvent] = None  # newest job.started/exited, sidecar.started/stopping
-    exited: bool = False                  # a job.exited came after the newest job.started
+    exited: bool = False                  # the newest attempt ended: its run.closed, or a job.exited
+    #                                       with no close-out after it
+    closing: Optional[AnyEvent] = None    # a job.exited whose run.closed has not come yet
     link_lost: Optional[LocalEvent] = None   # the newest link.* event, when it is link.lost
     deferred: List[AnyEvent] = dataclasses.field(default_factory=list)  # held back by quiet hours
     group: bool = False                   # a multi-node group's row: its nodes are watched with it
@@ -115,11 +120,15 @@ class _Run:
             if ev.kind in kinds.LINK_KINDS:
                 self.link_lost = ev if ev.kind == "link.lost" else None
             return
-        if ev.kind in status_mod.LIFECYCLE:
+        if ev.kind == life_mod.CLOSED_KIND:
+            self.exited, self.closing = True, None
+        elif ev.kind in status_mod.LIFECYCLE:
             self.last_life = ev
             if ev.kind == "job.started":
                 self.job_started_at = ev.ts
-                self.exited = False
+                self.exited, self.closing = False, None
+            elif ev.kind == "job.exited" and life_mod.closes(ev):
+                self.closing = ev
             elif ev.kind == "job.exited":
                 self.exited = True
 
@@ -319,10 +328,13 @@ class _Watch:
     def context(self, st: _Run, ev: AnyEvent, woken: Mapping[str, float], full: bool) -> wake.Context:
         """What judge needs from the store for ev; `full` adds what may supersede it."""
         lease = _lease(self.store, ev)
-        lived = exit_life(self.store, st.run, ev) if ev.kind == "job.exited" else None
+        ended = ev.kind in life_mod.END_KINDS
+        cut = ended and life_mod.closes(ev) and isinstance(ev, protocol.Event) and \
+            life_mod.close_cut(self.store, st.run, ev)
+        lived = exit_life(self.store, st.run, ev) if ended else None
         cause = exit_cause(self.store, st.run, ev, lived) if lived is not None else None
         history = None
-        if ev.kind != "job.exited" and wake.last_woken(kinds.condition_key(ev, lease), woken) is not None:
+        if not ended and wake.last_woken(kinds.condition_key(ev, lease), woken) is not None:
             history = tuple(e for e in _of_kinds(self.store, ev, kinds.condition_kinds(ev.kind))
                             if wake.after(ev, e))
         others: Sequence[AnyEvent] = ()
@@ -330,12 +342,12 @@ class _Watch:
         if later:
             others = _bounded(self.store, ev, _of_kinds(self.store, ev, later))
         return wake.Context(life=lived, history=history, others=tuple(others), lease=lease, host=st.host,
-                            cause=cause)
+                            cause=cause, cut=cut)
 
     def verdict(self, st: _Run, ev: AnyEvent, woken: Dict[str, float]) -> wake.Verdict:
         t = self.now()
         found = wake.judge(ev, st.policy, t, woken, st.job_started_at, self.context(st, ev, woken, False))
-        if found.wake is None or ev.kind == "job.exited":
+        if found.wake is None or ev.kind in life_mod.END_KINDS:
             return found
         # it would wake: read what may make it moot (rarely needed, so only now)
         return wake.judge(ev, st.policy, t, woken, st.job_started_at, self.context(st, ev, woken, True))
@@ -352,8 +364,11 @@ class _Watch:
         _priority) and leave the others to the next watches."""
         found: List[wake.Wake] = []
         for ev in events:
+            closing = st.closing
             if noting:
                 st.note(ev)
+            if ev.kind == "sidecar.stopping" and closing is not None and st.closing is closing:
+                ev = closing  # stopped without closing: the exit ends the run (Context.cut)
             verdict = self.verdict(st, ev, woken)
             if verdict.reason == "quiet":
                 st.deferred.append(ev)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import click
 
@@ -59,8 +61,12 @@ def _find(root: Optional[Path], run: str, sealed_too: bool) -> Path:
               help="Write nothing: show the box's current checkpoint set for the teardown gate.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: path, sha256 and counts.")
 @click.option("--print", "print_doc", is_flag=True, help="Print the whole manifest JSON.")
+@click.option("--wait-closed", "wait_closed", type=float, default=0.0, metavar="SECONDS",
+              help="While the job has exited and the sidecar is still closing the run (committing the "
+                   "last checkpoints: the manifest is not final yet), wait up to this long for it. Still "
+                   "closing then: exit 75 and write nothing; the JSON says what is pending.")
 def manifest_command(run: str, root: Optional[Path], includes: Tuple[str, ...], roster: Optional[Path],
-                     gate: bool, as_json: bool, print_doc: bool) -> None:
+                     gate: bool, as_json: bool, print_doc: bool, wait_closed: float) -> None:
     """Write RUN's rgt/PULL_MANIFEST.json: every recorded checkpoint and the declared files,
     with size and SHA-256 (custody hashes reused while the file is unchanged).
 
@@ -88,6 +94,7 @@ def manifest_command(run: str, root: Optional[Path], includes: Tuple[str, ...], 
             for entry in view["unrecorded"]:
                 click.echo(f"  unrecorded ({entry['reason']}): {entry['path']}")
         return
+    close = _wait_closed(run_dir, wait_closed, as_json)
     try:
         doc = build_manifest(run_dir, roster=roster, extra_includes=includes)
         path = save_manifest(run_dir, doc)
@@ -104,13 +111,37 @@ def manifest_command(run: str, root: Optional[Path], includes: Tuple[str, ...], 
             "run_id": doc["run_id"], "run_dir": str(run_dir), "path": str(path), "rel_path": MANIFEST_REL,
             "sha256": doc["sha256"], "files": len(files), "checkpoints": ckpts,
             "includes": len(files) - ckpts,
-            "total_bytes": doc["total_bytes"], "hashed_now": sum(1 for f in files if f["hashed"] == "now")}))
+            "total_bytes": doc["total_bytes"], "hashed_now": sum(1 for f in files if f["hashed"] == "now"),
+            "final": close["final"], "close": close}))
     else:
         from rgtlib.units import human_bytes
 
         click.echo(f"wrote {path}")
         click.echo(f"  {len(files)} files ({ckpts} checkpoints), {human_bytes(doc['total_bytes'])}, "
                    f"sha256 {doc['sha256']}")
+        click.echo(f"  {'final: the run is closed' if close['final'] else 'not final: ' + close['state']}")
+
+
+def _wait_closed(run_dir: Path, wait_s: float, as_json: bool) -> Dict[str, Any]:
+    """The run's close state (onbox.runs.close_state) once it is not "closing", waiting up to
+    wait_s; still closing then: exit 75 (the JSON, or a line, says what is pending)."""
+    from onbox.runs import close_state
+
+    deadline = time.monotonic() + max(0.0, wait_s)
+    pause = threading.Event()
+    while True:
+        state = close_state(run_dir)
+        if state["state"] != "closing" or wait_s <= 0:
+            return state
+        if time.monotonic() >= deadline:
+            break
+        pause.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+    if as_json:
+        click.echo(json.dumps({"run_dir": str(run_dir), "final": False, "close": state}))
+    else:
+        click.echo(f"still closing: {len(state.get('pending') or [])} unit(s) pending, "
+                   f"{state.get('pending_bytes')} bytes left, eta {state.get('eta_s')} s", err=True)
+    sys.exit(75)
 
 
 @click.command("close")

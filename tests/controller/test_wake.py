@@ -127,10 +127,26 @@ def test_finished_cleanly_is_only_for_exits() -> None:
 
 
 def test_job_exited_cannot_be_muted() -> None:
-    with pytest.raises(ValueError, match="job.exited cannot be muted"):
-        Policy.from_dict({"mute": ["job.exited"]})
+    for kind in ("job.exited", "run.closed"):
+        with pytest.raises(ValueError, match="job.exited and run.closed cannot be muted"):
+            Policy.from_dict({"mute": [kind]})
     w = classify(ev("job.exited", code=1), Policy.from_dict({"mute": ["job."]}), NOW, {})
     assert w is not None
+
+
+def test_an_exit_with_a_close_out_waits_for_run_closed() -> None:
+    """The run ends on run.closed (custody final); the raw exit wakes only when the close was cut."""
+    exited = ev("job.exited", code=0, final_ok=True, closing=True)
+    assert wake.judge(exited, Policy(), NOW, {}).reason == "closing"
+    assert wake.judge(ev("job.exited", code=1, closing=True), Policy(), NOW, {}).reason == "closing"
+    cut = wake.judge(exited, Policy(), NOW, {}, context=wake.Context(cut=True))
+    assert cut.wake is not None and cut.wake.clean_exit is True
+    manifest = {"sha256": "ab" * 32, "files": 3, "checkpoints": 2}
+    closed = wake.judge(ev("run.closed", code=0, final_ok=True, manifest=manifest), Policy(), NOW, {})
+    assert closed.wake is not None and closed.wake.clean_exit is True
+    assert "final manifest abababababab (2 checkpoint(s), 3 files)" in closed.wake.explain
+    bad = wake.judge(ev("run.closed", code=0, final_ok=False, final_reasons=["x"]), Policy(), NOW, {})
+    assert bad.wake is not None and bad.wake.clean_exit is False
 
 
 # ---- woken, flapping --------------------------------------------------------------

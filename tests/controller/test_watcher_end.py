@@ -18,6 +18,7 @@ from controller.follow.client import follow, running_pid, stop_daemon
 from controller.follow.subscriber import Subscriber
 from controller.follow.watcher import LocalLink, Watcher, outage_s
 from controller.store.db import Store
+from onbox.sidecar.closing import closed_marker
 from onbox.sidecar.journal import read_all
 from protocol.endpoints import Endpoints
 from tests.controller.sidecars import RealSidecar
@@ -143,7 +144,8 @@ def test_the_daemon_follows_an_ended_run_only_to_fetch_what_is_missing(
     sidecars.append(box)
     box.sidecar.emit("job.started", {"pid": 1})
     box.sidecar.emit("job.exited", {"code": 0})
-    follow_all(store, box)                           # an earlier watcher stored up to the exit
+    wait_until(lambda: closed_marker(run_dir / "rgt"), 20, "the sidecar to close the run")
+    follow_all(store, box)                           # an earlier watcher stored up to the close
     store.upsert_run(RUN, host="box", target="local", run_dir=str(run_dir))
     box.sidecar.emit("ckpt.committed", {"path": "checkpoints/final.pt", "step": 9})   # not stored yet
     pid = follow(store, RUN)                         # as `rgt status` asks; the sidecar lives on

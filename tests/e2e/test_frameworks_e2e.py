@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import pytest
 
-from tests.e2e.rgtbox import TEST_ONBOX_ARGS, Rgt
+from tests.e2e.rgtbox import ONBOX, TEST_ONBOX_ARGS, Rgt
 from tests.helpers import REPO, rgt_cmd, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -91,12 +91,23 @@ def gate(rgt: Rgt, run: str) -> Dict[str, Any]:
     return dict(plan["gate"])
 
 
+def woke_closed(rgt: Rgt, run: str) -> Dict[str, Any]:
+    """`rgt watch` exits 0 on the run's run.closed, its line naming the final manifest."""
+    code, record = watch(rgt, run)
+    assert code == 0 and kind_of(record) == "run.closed", record
+    sha = str((record["event"]["data"].get("manifest") or {}).get("sha256"))
+    assert sha[:12] in record["explain"], record
+    return record
+
+
 def pull_verify_open(rgt: Rgt, run: str, dest: Path) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
-    """Pull, verify, and the plan's gate; each must pass (the gate closed before the pull)."""
+    """Pull, verify, and the plan's gate; each must pass (the gate closed before the pull). Called
+    straight after the wake, with no wait for the sidecar: the pull is the run's final one."""
     before = gate(rgt, run)
     assert not before["open"], before
     code, pulled, err = rgt_json(rgt, "pull", run, "--to", str(dest))
     assert code == 0, f"pull: {err}"
+    assert pulled["final"] is True, pulled
     code, report, err = rgt_json(rgt, "verify", run)
     assert code == 0 and report["ok"], f"verify: {err} {json.dumps(report)[:2000]}"
     after = gate(rgt, run)
@@ -116,9 +127,7 @@ def test_hf_default_output_dir_rotation_pull_verify_and_the_gate(rgt_local: Rgt,
     rgt = rgt_local
     run = launch(rgt, "local", tmp_path / "job",
                  [*HF, "--steps", "40", "--save-every", "10", "--log-every", "5", "--step-seconds", "0.5"])
-    code, record = watch(rgt, run)
-    assert code == 0, record
-    sidecar_stopped(rgt, run)
+    woke_closed(rgt, run)   # no wait for the sidecar after it: run.closed is the end
     assert sorted(p.name for p in (tmp_path / "job" / "out").iterdir()) == ["checkpoint-30", "checkpoint-40"]
 
     location = stored(rgt, run, "ckpt.location")
@@ -137,6 +146,29 @@ def test_hf_default_output_dir_rotation_pull_verify_and_the_gate(rgt_local: Rgt,
     reports = json.dumps([pulled, report, plan_gate])
     assert "rotated" in reports and "checkpoint-10" in reports, reports[:3000]
     assert "missing" not in json.dumps(report.get("proofs", {}).get("identity", {})), report["proofs"]
+    assert (tmp_path / "pulled" / "rgt" / "external").exists() and \
+        any(p.name == "checkpoint-40" for p in (tmp_path / "pulled").rglob("checkpoint-40"))
+
+
+def test_hf_a_last_save_as_the_job_ends_is_in_the_pull_straight_after_the_wake_over_the_sshd(
+        rgt_box: Rgt) -> None:
+    """The case of issue 44: 300 fast steps, a save every 50, two kept: checkpoint-300 is written
+    (and checkpoint-200 rotated away) in the job's last moments. The wake waits for the close-out,
+    so a pull with no pause after it holds checkpoint-300, verify passes and the gate opens. Over
+    the sshd: the laptop's cwd is not the job's."""
+    rgt = rgt_box
+    assert rgt.box is not None   # a profile, so that `rgt teardown --plan` has an action to gate
+    rgt("hosts", "add", "box", "--ssh", rgt.box.alias, "--onbox", ONBOX, "--profile", "generic-ssh",
+        "--replace")
+    job = rgt.root.parent / "hf-job"
+    run = launch(rgt, "box", job, [*HF, "--steps", "300", "--save-every", "50", "--log-every", "10"])
+    record = woke_closed(rgt, run)
+    data = record["event"]["data"]
+    assert data["final_ok"] is True and data["incomplete"] == [], data
+    assert data["manifest"]["checkpoints"] == 2, data   # the two HF kept
+    pull_verify_open(rgt, run, rgt.root.parent / "laptop" / "pulled")
+    units = {p.name for p in (rgt.root.parent / "laptop" / "pulled").rglob("checkpoint-*")}
+    assert units == {"checkpoint-250", "checkpoint-300"}, units
 
 
 def onsets(rgt: Rgt, run: str) -> Dict[str, Dict[str, Any]]:
@@ -166,9 +198,7 @@ def test_lightning_csv_healthy_pull_verify_and_the_gate(rgt_local: Rgt, tmp_path
     rgt = rgt_local
     run = launch(rgt, "local", tmp_path / "job",
                  [*LIGHTNING, "--logger", "csv", "--steps", "40", "--save-every", "10", "--log-every", "5"])
-    code, record = watch(rgt, run)
-    assert code == 0, record
-    sidecar_stopped(rgt, run)
+    woke_closed(rgt, run)   # save_top_k=2: the last save lands as the job ends
     progress = stored(rgt, run, "train.progress")
     assert any(isinstance(e.data.get("step"), int) for e in progress), [e.data for e in progress[-3:]]
     assert stored(rgt, run, "ckpt.saved"), "no Lightning checkpoint was recorded"
@@ -190,7 +220,7 @@ def test_torchrun_a_crashed_rank_is_a_job_exit(rgt_local: Rgt, tmp_path: Path) -
     run = launch(rgt_local, "local", tmp_path / "job",
                  [*TORCHRUN, "--steps", "400", "--crash-rank", "1", "--crash-at", "15"])
     code, record = watch(rgt_local, run)
-    assert code == 10 and kind_of(record) == "job.exited", record
+    assert code == 10 and kind_of(record) == "run.closed", record
     assert record["event"]["data"].get("code") not in (0, None), record
 
 
@@ -222,4 +252,4 @@ def test_torchrun_through_the_sshd_a_crashed_rank_is_a_job_exit(rgt_box: Rgt, tm
     run = launch(rgt_box, "box", rgt_box.root.parent / "ddp-job",
                  [*TORCHRUN, "--steps", "400", "--crash-rank", "0", "--crash-at", "10"])
     code, record = watch(rgt_box, run)
-    assert code == 10 and kind_of(record) == "job.exited", record
+    assert code == 10 and kind_of(record) == "run.closed", record

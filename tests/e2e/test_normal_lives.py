@@ -119,7 +119,7 @@ def test_a_clean_finish_then_a_second_and_a_third_watch(host: Tuple[Rgt, str],
     s.watch(run)
     s.watch(run)
     s.expect("0", "0", "0")
-    assert [kind_of(r) for r in s.records] == ["job.exited"] * 3, s.records
+    assert [kind_of(r) for r in s.records] == ["run.closed"] * 3, s.records
     assert runs_by_id(rgt)[run]["state"] == "finished", f"{s.life}: {runs_by_id(rgt)[run]}"
 
 
@@ -195,7 +195,7 @@ def test_a_preemption_wakes_once_then_rgt_resume_finishes(on_box: Rgt, tmp_path:
     s.watch(new)
     s.watch(new)
     s.expect("10", "0", "0")
-    assert kind_of(woke) in ("job.preempted", "job.exited") and "preempt" in woke["explain"].lower(), woke
+    assert kind_of(woke) in ("job.preempted", "run.closed") and "preempt" in woke["explain"].lower(), woke
     assert not woke.get("stopped_by"), woke
     states = runs_by_id(rgt)
     assert (states[run]["state"], states[new]["state"]) == ("preempted", "finished"), \
@@ -281,7 +281,7 @@ def test_a_box_reboot_wakes_once_as_a_vanished_job(on_box: Rgt, sshbox: SshBox,
         if again is not None:
             end_child(again)
     s.expect("10", "10r")
-    assert kind_of(woke) == "job.exited", woke
+    assert kind_of(woke) == "run.closed", woke
     data = woke["event"]["data"]
     assert data.get("vanished") is True and data["evidence"]["rebooted"] is True, data
     assert "reboot" in woke["explain"].lower(), woke
@@ -345,8 +345,8 @@ def test_an_oom_after_a_memory_warning_wakes_once(on_local: Rgt, tmp_path: Path,
     woke = s.watch(run)
     s.watch(run)
     s.expect("10", "10r")
-    assert kind_of(woke) == "job.exited" and woke["event"]["data"]["oom_killed"] is True, woke
-    assert kind_of(s.records[1]) == "job.exited", \
+    assert kind_of(woke) == "run.closed" and woke["event"]["data"]["oom_killed"] is True, woke
+    assert kind_of(s.records[1]) == "run.closed", \
         f"{s.life}: the superseded memory warning woke: {s.records[1]}"
 
 

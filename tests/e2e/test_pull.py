@@ -12,14 +12,16 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
+import psutil
 import pytest
 
 from controller.teardown import gate as teardown
 from controller.verify.prove import verify
-from tests.e2e.rgtbox import Rgt
+from tests.e2e.rgtbox import TEST_ONBOX_ARGS, Rgt
 from tests.helpers import REPO, rgt_cmd, wait_until
 from tests.sshbox import SshBox
 
@@ -194,3 +196,72 @@ def test_a_box_without_rsync_is_a_clear_error_that_moves_nothing(rgt_box: Rgt, s
     assert "error: rsync is not installed on box" in stderr
     assert "hint:" in stderr and "apt-get install -y rsync" in stderr and "scp" in stderr
     assert not dest.exists() and not dest.with_name("pulled.partial").exists()
+
+
+# The job leaves a writer behind (an async checkpoint writer in its own session) that appends to
+# step 10 until the stop file exists: the box's close-out waits on it, and so must the pull.
+WRITER = r"""
+import os, sys, threading
+unit, stop, pidfile = sys.argv[1], sys.argv[2], sys.argv[3]
+with open(pidfile, "w") as f:
+    f.write(str(os.getpid()))
+with open(os.path.join(unit, "model.bin"), "ab") as out:
+    while not os.path.exists(stop):
+        out.write(b"w" * 1024)
+        out.flush()
+        threading.Event().wait(0.02)
+"""
+JOB = r"""
+import os, subprocess, sys, threading
+unit = os.path.join(os.environ["RGT_CKPT_DIR"], "step000010")
+os.makedirs(unit, exist_ok=True)
+subprocess.Popen([sys.executable, "-c", sys.argv[1], unit, sys.argv[2], sys.argv[3]], start_new_session=True,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+while not os.path.exists(sys.argv[3]):
+    threading.Event().wait(0.01)
+"""
+
+
+def test_a_pull_while_the_box_closes_the_run_waits_for_its_final_manifest(rgt_box: Rgt,
+                                                                           tmp_path: Path) -> None:
+    """The job exited; the box is still committing its last checkpoint (run.closing). `rgt pull`
+    says what is pending and waits; once the close is done it pulls the final manifest, which
+    holds that checkpoint whole."""
+    rgt = rgt_box
+    stop, pidfile = tmp_path / "stop-writing", tmp_path / "writer.pid"
+    out = rgt("launch", "box", "--root", str(rgt.root), "--json", *TEST_ONBOX_ARGS, "--",
+              sys.executable, "-c", JOB, WRITER, str(stop), str(pidfile))
+    run = json.loads(out.stdout.strip().splitlines()[-1])["run_id"]
+    rgt.runs.append(run)
+    dest = tmp_path / "pulled"
+    puller: Optional[subprocess.Popen[str]] = None
+    try:
+        closing = rgt.run_dir(run) / "rgt" / "closing.json"
+        wait_until(closing.exists, 120, "the close-out to wait on the unit")
+        puller = subprocess.Popen(rgt_argv("pull", run, "--to", str(dest), "--json", "--wait", "240"),
+                                  env=rgt.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        assert puller.stderr is not None
+        waiting = None
+        for line in puller.stderr:   # one line per box-side wait, every few seconds, until it ends
+            if line.startswith("{") and "closing" in json.loads(line):
+                waiting = json.loads(line)["closing"]
+                break
+        assert waiting is not None and waiting["state"] == "closing", puller.communicate(timeout=60)
+        assert waiting["pending"] == ["checkpoints/step000010"] and not dest.exists(), waiting
+    finally:
+        stop.touch()
+        if pidfile.exists():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(int(pidfile.read_text())).wait(60)
+    stdout, stderr = puller.communicate(timeout=300)
+    assert puller.returncode == 0, stderr
+    answer = json.loads([ln for ln in stdout.splitlines() if ln.startswith("{")][-1])
+    assert answer["final"] is True and answer["close"]["state"] == "closed", answer
+    doc = check_pulled(dest)
+    [unit] = [f for f in doc["files"] if f["kind"] == "checkpoint"]
+    size = (dest / unit["path"]).stat().st_size
+    assert unit["path"] == "checkpoints/step000010/model.bin" and size > 0 and size % 1024 == 0, unit
+    with rgt.store() as s:
+        closed = s.events(run, kind_prefix="run.closed")
+    assert closed, "the watcher never stored the run's close"

@@ -69,7 +69,7 @@ def test_watch_wakes_on_a_nan_then_reports_a_clean_finish(rgt_box: Rgt) -> None:
 
     go.write_text("")  # the job ends with exit 0, but it went NaN: not a clean finish
     code, record, _ = watch(rgt, run, "--timeout", "60")
-    assert code == 10 and record["event"]["kind"] == "job.exited", record
+    assert code == 10 and record["event"]["kind"] == "run.closed", record
     assert json.loads(rgt("runs", "--json").stdout)["runs"][0]["state"] == "failed"
     assert record["event"]["data"]["final_ok"] is False and "non-finite" in json.dumps(record["event"])
 
@@ -80,7 +80,7 @@ def test_watch_exits_0_on_a_clean_finish(rgt_box: Rgt) -> None:
                      "--step-seconds", "0.01")["run_id"]
     code, record, _ = watch(rgt, run, "--timeout", "60")
     assert code == 0, record
-    assert record["event"]["kind"] == "job.exited" and record["event"]["data"]["code"] == 0
+    assert record["event"]["kind"] == "run.closed" and record["event"]["data"]["code"] == 0
     runs = {r["run"]: r for r in json.loads(rgt("runs", "--json").stdout)["runs"]}
     assert runs[run]["state"] == "finished" and runs[run]["host"] == "box" and runs[run]["code"] == 0
 
@@ -121,7 +121,7 @@ def test_a_run_that_ended_while_nobody_followed_ends_here_from_its_journal(rgt_b
     assert "job.exited" in journaled and journaled[-1] == "sidecar.stopping", journaled
     code, record, _ = watch(rgt, run, "--timeout", "60")
     assert code == 0, record
-    assert record["event"]["kind"] == "job.exited" and record["event"]["data"]["code"] == 0
+    assert record["event"]["kind"] == "run.closed" and record["event"]["data"]["code"] == 0
     with rgt.store() as s:
         assert [e.kind for e in s.events(run)] == journaled and s.gaps(run) == []
     runs = {r["run"]: r for r in json.loads(rgt("runs", "--json").stdout)["runs"]}

@@ -17,11 +17,12 @@ from typing import Any, Dict, List, Optional, Tuple
 import psutil
 import pytest
 
+from onbox.runs import close_state
 from onbox.sidecar.closing import MARKER, Closer, closed_marker, journaled_close
 from onbox.sidecar.journal import Journal, read_all
 from protocol import Event
 from tests.helpers import Recorder, wait_until
-from tests.onbox.test_custody import Factory, custody  # noqa: F401 (the fixture)
+from tests.onbox.custodyrig import Factory
 from tests.onbox.test_launch import Rig, py
 
 WAIT_S = 10.0
@@ -44,7 +45,7 @@ def closer_for(h: Any, events: Recorder, budget_s: float = 30.0) -> Tuple[Closer
     return Closer(h.run, "box", h.monitor, emit, verdict, stop, lambda: None, budget_s=budget_s), stop
 
 
-def test_a_unit_on_its_way_from_settling_to_the_queue_is_not_idle(custody: Factory,  # noqa: F811
+def test_a_unit_on_its_way_from_settling_to_the_queue_is_not_idle(custody: Factory,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """settle_tick takes a quiet unit off _pending and _commit queues it: wait_idle must not say
     idle in between (a close-out there built the final manifest without the last checkpoint)."""
@@ -72,7 +73,7 @@ def test_a_unit_on_its_way_from_settling_to_the_queue_is_not_idle(custody: Facto
     assert len(h.events.of("ckpt.saved")) == 1
 
 
-def test_the_close_waits_for_the_last_save_then_names_the_final_manifest(custody: Factory) -> None:  # noqa: F811
+def test_the_close_waits_for_the_last_save_then_names_the_final_manifest(custody: Factory) -> None:
     h = custody()
     (h.ckpt / "step000010").mkdir()
     (h.ckpt / "step000010" / "model.bin").write_bytes(b"m" * (1 << 20))
@@ -94,7 +95,7 @@ def test_the_close_waits_for_the_last_save_then_names_the_final_manifest(custody
 
 
 def test_a_close_past_its_budget_names_what_is_pending_and_marks_it_final_later(
-        custody: Factory, tmp_path: Path) -> None:  # noqa: F811
+        custody: Factory, tmp_path: Path) -> None:
     """A unit still being written when the budget runs out: run.closed names it incomplete, and the
     marker turns final once custody has committed it; nothing is lost."""
     h = custody()
@@ -267,3 +268,18 @@ def test_a_sidecar_killed_mid_close_is_restarted_and_closes_once(rig: Rig) -> No
     ckpts = [f["path"] for f in doc["files"] if f["kind"] == "checkpoint"]
     assert ckpts == ["checkpoints/step000030/model.bin"]
     assert doc["sha256"] == closed["data"]["manifest"]["sha256"]
+
+
+def test_close_state_says_whether_the_manifest_is_final(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "rgt").mkdir(parents=True)
+    assert close_state(run)["state"] == "running"   # no exit yet: a pull is a snapshot
+    (run / "rgt" / "exit.json").write_text(json.dumps({"code": 0}))
+    unclosed = close_state(run)   # exited, and no supervisor or sidecar is left to close it
+    assert (unclosed["state"], unclosed["final"]) == ("unclosed", False)
+    assert "no sidecar" in unclosed["reason"]
+    (run / "rgt" / "run.closed").write_text(json.dumps({"exit_seq": 7, "seq": 9, "incomplete": [
+        {"path": "checkpoints/big", "reason": "still hashing"}]}))
+    assert close_state(run)["state"] == "incomplete" and not close_state(run)["final"]
+    (run / "rgt" / "run.closed").write_text(json.dumps({"exit_seq": 7, "seq": 9, "incomplete": []}))
+    assert close_state(run) == {"state": "closed", "final": True, "incomplete": [], "seq": 9}

@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List
 
 import numpy as np
 import pytest
@@ -26,60 +26,11 @@ from onbox.custody import manifest
 from onbox.custody.check import is_temporary
 from onbox.custody.monitor import CustodyConfig, CustodyMonitor
 from onbox.errors import ConfigError
-from onbox.scheduler import Scheduler
 from onbox.sources.checkpoints import Change, CheckpointWatcher, fs_type, is_network_fs
-from tests.helpers import Recorder as BaseRecorder
+from tests.onbox.custodyrig import WAIT_S, Factory, Recorder
 
 # The 3.9 run (make py39) has no torch wheel on this disk; there these modules skip.
 torch = pytest.importorskip("torch")
-
-WAIT_S = 10.0
-
-
-class Recorder(BaseRecorder):
-    def sev_of(self, kind: str) -> List[Optional[str]]:
-        return [s for k, _, s in self.events if k == kind]
-
-
-
-class Harness:
-    def __init__(self, monitor: CustodyMonitor, events: Recorder, commits: List[float]) -> None:
-        self.monitor = monitor
-        self.events = events
-        self.commits = commits
-        self.run = monitor.run_dir
-        self.ckpt = monitor.ckpt_dir
-
-    def idle(self) -> None:
-        assert self.monitor.wait_idle(WAIT_S), self.monitor.status()
-
-
-Factory = Callable[..., Harness]
-
-
-@pytest.fixture
-def custody(tmp_path: Path) -> Iterator[Factory]:
-    """Start a CustodyMonitor plus a real Scheduler over its jobs; both stopped at the end."""
-    made: List[Tuple[CustodyMonitor, Scheduler]] = []
-    failures: List[str] = []
-
-    def factory(clock: Callable[[], float] = time.time, **overrides: Any) -> Harness:
-        settings: Dict[str, Any] = {"run_dir": tmp_path / "run", "settle_s": 0.05,
-                                    "hash_rate_bytes_s": None}
-        settings.update(overrides)
-        events, commits = Recorder(), []
-        monitor = CustodyMonitor(CustodyConfig(**settings), events, clock=clock, on_commit=commits.append)
-        monitor.start()
-        scheduler = Scheduler(monitor.jobs(), lambda name, e: failures.append(f"{name}: {e!r}"))
-        scheduler.start()
-        made.append((monitor, scheduler))
-        return Harness(monitor, events, commits)
-
-    yield factory
-    for monitor, scheduler in made:
-        scheduler.stop()
-        monitor.close()
-    assert not failures, failures
 
 
 def sha256(path: Path) -> str:

@@ -134,7 +134,7 @@ def test_the_time_limit_is_its_own_ending_not_a_crash(slurm: SlurmCluster, rgt_l
         exited = job.wait_event(node, "job.exited")[0]["data"]
         assert exited["preempt_reason"] == "time_limit", exited
     woke = watch(rgt_local, run)
-    assert woke["code"] == 10 and woke["event"]["kind"] in ("job.preempted", "job.exited"), woke
+    assert woke["code"] == 10 and woke["event"]["kind"] in ("job.preempted", "job.exited", "run.closed"), woke
     assert "time limit" in woke["explain"].lower(), woke
     states = node_states(rgt_local, run)
     assert [n["life"]["outcome"] for n in states["nodes"]] == ["time_limit", "time_limit"], states
