@@ -205,6 +205,25 @@ def test_lightning_csv_healthy_pull_verify_and_the_gate(rgt_local: Rgt, tmp_path
     pull_verify_open(rgt, run, tmp_path / "pulled")
 
 
+def test_lightning_save_top_k_pulled_straight_after_the_wake_over_the_sshd(rgt_box: Rgt) -> None:
+    """ModelCheckpoint(save_top_k=2) on the sshd box, 60 fast steps, a save every 10: the two the job
+    kept at its end (it saves, then deletes the worse, in its last moments) are exactly what the
+    pull right after the wake brings home, verified, with the gate open."""
+    rgt = rgt_box
+    assert rgt.box is not None
+    rgt("hosts", "add", "box", "--ssh", rgt.box.alias, "--onbox", ONBOX, "--profile", "generic-ssh",
+        "--replace")
+    job = rgt.root.parent / "lightning-job"
+    run = launch(rgt, "box", job, [*LIGHTNING, "--logger", "csv", "--steps", "60", "--save-every", "10",
+                                   "--log-every", "5"])
+    data = woke_closed(rgt, run)["event"]["data"]
+    assert data["final_ok"] is True and data["manifest"]["checkpoints"] == 2, data
+    pulled = rgt.root.parent / "laptop" / "pulled"
+    pull_verify_open(rgt, run, pulled)
+    kept = {p.name for p in job.rglob("*.ckpt")}
+    assert len(kept) == 2 and {p.name for p in pulled.rglob("*.ckpt")} == kept, kept
+
+
 def test_lightning_nan_wakes(rgt_local: Rgt, tmp_path: Path) -> None:
     run = launch(rgt_local, "local", tmp_path / "job",
                  [*LIGHTNING, "--logger", "csv", "--steps", "300", "--nan-at", "10", "--log-every", "2",
