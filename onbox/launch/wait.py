@@ -4,7 +4,8 @@ Slurm ends a step, and Kubernetes a container, when its first process exits, and
 what is left. Under `srun` or as a container's command the launcher must therefore outlive the
 job: it waits for the job wrapper (its own child), passes SIGTERM/SIGINT on to it (so a
 scheduler's stop reaches the job, and the wrapper records a preemption), then waits a little for
-the sidecar to journal the exit before it returns the job's exit status.
+the sidecar to journal the exit and to close the run (rgt/run.closed: the last checkpoints hashed,
+the final manifest built) before it returns the job's exit status.
 """
 from __future__ import annotations
 
