@@ -191,7 +191,9 @@ class CustodyMonitor(CustodyCore):
             items += [(u, "copying") for u in self._backlog if u != busy]
         out: List[Dict[str, Any]] = []
         for unit, state in items[:limit]:
-            size = _unit_bytes(unit)
+            kind = DIR if os.path.isdir(unit) else FILE
+            sig = self._sig(unit, kind)   # the files custody hashes, with their sizes
+            size = 0 if sig is None else sum(key[0] for _, key in sig) if kind == DIR else sig[0]
             out.append({"path": self._rec_path(unit), "state": state, "bytes": size,
                         "hashed_bytes": min(done, size) if unit == busy and state == "hashing" else 0})
         return out
@@ -620,23 +622,6 @@ class CustodyMonitor(CustodyCore):
         self._emit("ckpt.stale", {"age_s": round(age, 1), "stale_after_s": limit,
                                   "last_path": last.path if last else None,
                                   "last_step": last.step if last else None}, "warn")
-
-
-def _unit_bytes(unit: str) -> int:
-    """The bytes of a file unit, or of every file under a directory unit (0 when gone)."""
-    if not os.path.isdir(unit):
-        try:
-            return os.stat(unit).st_size
-        except OSError:
-            return 0
-    total = 0
-    for dirpath, _, filenames in os.walk(unit):
-        for name in filenames:
-            try:
-                total += os.stat(os.path.join(dirpath, name), follow_symlinks=False).st_size
-            except OSError:
-                continue
-    return total
 
 
 __all__ = ["CustodyConfig", "CustodyMonitor"]
